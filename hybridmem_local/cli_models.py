@@ -1,0 +1,195 @@
+"""``hybridmem models ...``: list, verify, download, bundle and install the manifest's models.
+
+``download`` is the only command that uses the network; every other one works air-gapped.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from hybridmem_local import model_registry
+from hybridmem_local.model_registry import ModelRegistryError, VerifyReport
+
+app = typer.Typer(
+    help="Local model files: list, verify, download, bundle, install.", no_args_is_help=True, add_completion=False
+)
+console = Console()
+err = Console(stderr=True)
+
+MODELS_DIR_OPTION = typer.Option(
+    None,
+    "--models-dir",
+    envvar=model_registry.MODELS_DIR_ENV,
+    help="Folder holding <name>/ model folders (default: ./models).",
+)
+MANIFEST_OPTION = typer.Option(
+    None, "--manifest", envvar=model_registry.MANIFEST_ENV, help="Model manifest (default: the shipped one)."
+)
+
+
+def _fail(exc: BaseException) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}")
+    return typer.Exit(code=1)
+
+
+def _manifest(path: Optional[Path]) -> model_registry.Manifest:
+    try:
+        return model_registry.load_manifest(path)
+    except ModelRegistryError as exc:
+        raise _fail(exc) from exc
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _check_text(report: VerifyReport | None) -> Text:
+    if report is None:
+        return Text("-", style="dim")
+    if report.failures:
+        return Text(f"damaged ({len(report.failures)} file(s))", style="bold red")
+    if report.verified:
+        return Text("verified", style="green")
+    if not report.hashed:
+        return Text("complete (not hashed)", style="cyan")
+    return Text(f"hashed; {len(report.unpinned)} unpinned", style="yellow")
+
+
+def _print_files(report: VerifyReport) -> None:
+    table = Table(title=f"{report.name}  ({report.source}: {report.directory})", title_justify="left")
+    for column in ("file", "status", "size", "sha256"):
+        table.add_column(column, overflow="fold")
+    styles = {"ok": "green", "unpinned": "yellow", "unhashed": "cyan"}
+    for check in report.files:
+        table.add_row(
+            check.path,
+            Text(check.status, style=styles.get(check.status, "bold red")),
+            _size(check.size),
+            check.sha256 or "",
+        )
+    console.print(table)
+    if report.unpinned:
+        console.print(
+            f"[yellow]{len(report.unpinned)} file(s) have no sha256 in the manifest;[/] the digests above were "
+            "computed now — pin them in models/manifest.yaml once you trust this copy."
+        )
+
+
+@app.command("list")
+def list_command(
+    models_dir: Optional[Path] = MODELS_DIR_OPTION,
+    manifest: Optional[Path] = MANIFEST_OPTION,
+    verify: bool = typer.Option(False, "--verify", help="Hash every file (slow for multi-GB models)."),
+) -> None:
+    """Every model in the manifest: present? where? verified?"""
+    rows = model_registry.list_models(models_dir, _manifest(manifest), hash_files=verify)
+    table = Table(title="Models", title_justify="left")
+    for column in ("name", "role", "present", "source", "check", "size", "path"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        known_sizes = [f.size for f in row.entry.files]
+        size = _size(sum(known_sizes)) if None not in known_sizes else "?"
+        present = Text("yes", style="green") if row.resolved else Text("no", style="red")
+        table.add_row(
+            row.entry.name,
+            row.entry.role,
+            present,
+            row.resolved.source if row.resolved else "",
+            _check_text(row.report),
+            size,
+            str(row.resolved.path) if row.resolved else f"hybridmem models download {row.entry.name}",
+        )
+    console.print(table)
+
+
+@app.command()
+def verify(
+    names: Optional[list[str]] = typer.Argument(None, help="Models to check (default: every present model)."),
+    models_dir: Optional[Path] = MODELS_DIR_OPTION,
+    manifest: Optional[Path] = MANIFEST_OPTION,
+) -> None:
+    """Recompute each file's sha256 and compare with the manifest; exit 1 on any difference."""
+    loaded = _manifest(manifest)
+    if not names:
+        names = [row.entry.name for row in model_registry.list_models(models_dir, loaded) if row.resolved]
+        if not names:
+            raise _fail(ModelRegistryError("no model from the manifest is present; see `hybridmem models list`"))
+    failed = False
+    for name in names:
+        try:
+            report = model_registry.verify(name, models_dir=models_dir, manifest=loaded, raise_on_failure=False)
+        except ModelRegistryError as exc:
+            err.print(f"[bold red]error:[/] {exc}")
+            failed = True
+            continue
+        _print_files(report)
+        failed = failed or bool(report.failures)
+    if failed:
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def download(
+    name: str = typer.Argument(..., help="Model name from the manifest."),
+    models_dir: Optional[Path] = MODELS_DIR_OPTION,
+    manifest: Optional[Path] = MANIFEST_OPTION,
+) -> None:
+    """Fetch a model's pinned files from the Hugging Face hub (needs internet), then verify them."""
+    started = time.perf_counter()
+    try:
+        report = model_registry.download(name, models_dir, _manifest(manifest), allow_network=True)
+    except ModelRegistryError as exc:
+        raise _fail(exc) from exc
+    _print_files(report)
+    console.print(f"downloaded {name} to {report.directory} in {time.perf_counter() - started:.1f}s")
+
+
+@app.command("bundle")
+def bundle_command(
+    names: list[str] = typer.Argument(..., help="Models to pack."),
+    out: Path = typer.Option(..., "--out", "-o", help="Bundle file to write (.tar, or .tar.gz to compress)."),
+    models_dir: Optional[Path] = MODELS_DIR_OPTION,
+    manifest: Optional[Path] = MANIFEST_OPTION,
+) -> None:
+    """Pack verified models into one tar with their manifest entries and SHA256SUMS."""
+    started = time.perf_counter()
+    try:
+        report = model_registry.bundle(names, out, models_dir, _manifest(manifest))
+    except ModelRegistryError as exc:
+        raise _fail(exc) from exc
+    console.print(
+        f"wrote {report.path}: {', '.join(report.models)} ({report.files} files, {_size(report.bytes)}) "
+        f"in {time.perf_counter() - started:.1f}s"
+    )
+
+
+@app.command("install-bundle")
+def install_bundle_command(
+    bundle_file: Path = typer.Argument(..., help="A file written by `hybridmem models bundle`."),
+    models_dir: Optional[Path] = MODELS_DIR_OPTION,
+    manifest: Optional[Path] = MANIFEST_OPTION,
+    replace: bool = typer.Option(False, "--replace", help="Overwrite model folders that already exist."),
+) -> None:
+    """Check every file of a bundle against its checksums and the manifest, then unpack it."""
+    started = time.perf_counter()
+    try:
+        report = model_registry.install_bundle(bundle_file, models_dir, _manifest(manifest), replace=replace)
+    except ModelRegistryError as exc:
+        raise _fail(exc) from exc
+    console.print(
+        f"installed {', '.join(report.models)} into {report.models_dir} ({report.files} files, "
+        f"{_size(report.bytes)}) in {time.perf_counter() - started:.1f}s"
+    )

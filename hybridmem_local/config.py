@@ -1,0 +1,173 @@
+"""Configuration: one pydantic model per stage, the paper's values as defaults, YAML on disk.
+
+Every model forbids unknown keys, so a typo in a YAML file is an error naming the key
+instead of a silently ignored setting. ``configs/default.yaml`` spells out these defaults
+with comments; a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EmbedderConfig(_Section):
+    backend: Literal["sentence-transformers"] = "sentence-transformers"
+    #: A name from models/manifest.yaml; resolved to a local directory, never a hub id.
+    model: str = "all-minilm-l6-v2"
+    #: Explicit local directory; overrides the manifest lookup.
+    path: Path | None = None
+    batch_size: int = Field(default=64, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class IndexConfig(_Section):
+    """hnswlib parameters (cosine space)."""
+
+    M: int = Field(default=16, ge=2)
+    ef_construction: int = Field(default=200, ge=1)
+    ef_search: int = Field(default=50, ge=1)
+    initial_capacity: int = Field(default=1024, ge=16)
+
+
+class RetrievalConfig(_Section):
+    #: Top-k episodes and top-(tuple_multiplier * k) tuples (paper §3.3: k = 10, 2k tuples).
+    k: int = Field(default=10, ge=1)
+    tuple_multiplier: int = Field(default=2, ge=0)
+
+
+class LLMConfig(_Section):
+    """One structured-LLM backend; ``backend`` picks the implementation (see hybridmem_local.llm)."""
+
+    backend: Literal["llamacpp", "transformers", "vllm-offline", "openai-server"] = "llamacpp"
+    #: A name from models/manifest.yaml (local backends) or the served model name (server).
+    model: str = "smollm2-135m-instruct"
+    path: Path | None = None
+    temperature: float = Field(default=0.0, ge=0.0)
+    seed: int = 0
+    max_new_tokens: int = Field(default=1024, ge=1)
+    #: Context window the prompts are sized for (sessions longer than this are split).
+    context_tokens: int = Field(default=2048, ge=256)
+    n_threads: int | None = None
+    # vLLM (in-process or server side)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    max_model_len: int | None = None
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
+    #: vLLM reasoning parser (e.g. "qwen3"): with it, constrained JSON starts after the <think> block.
+    reasoning_parser: str | None = None
+    # OpenAI-compatible server
+    base_url: str | None = None
+    api_key_env: str = "HYBRIDMEM_API_KEY"
+    timeout_s: float = Field(default=120.0, gt=0)
+    #: Requests in flight at once; the server batches them, so this is the batch size it sees.
+    max_concurrent_requests: int = Field(default=32, ge=1)
+    #: Qwen3 thinking mode; off for curation JSON, switchable for answering.
+    enable_thinking: bool = False
+    #: Bounded retries when a reply fails schema validation (backends that cannot constrain).
+    max_retries: int = Field(default=2, ge=0)
+
+
+class CurationConfig(_Section):
+    #: "sync" curates inside add_session; "queue" stores the raw session and defers curation.
+    mode: Literal["sync", "queue"] = "sync"
+    #: Annotate relative dates ("yesterday") with their absolute date before the LLM sees them.
+    annotate_relative_dates: bool = True
+    #: Extra batched rounds for windows whose reply failed: each is re-sent split in half
+    #: (a shorter window fits the context and its reply fits max_new_tokens).
+    retry_rounds: int = Field(default=1, ge=0)
+
+
+class UMAPConfig(_Section):
+    """Paper appendix C."""
+
+    metric: str = "cosine"
+    n_neighbors: int = Field(default=10, ge=2)
+    n_components: int = Field(default=5, ge=1)
+    min_dist: float = Field(default=0.0, ge=0.0)
+    random_state: int = 42
+
+
+class HDBSCANConfig(_Section):
+    """Paper appendix C."""
+
+    metric: str = "euclidean"
+    cluster_selection_method: Literal["eom", "leaf"] = "eom"
+    min_cluster_size: int = Field(default=10, ge=2)
+    min_samples: int = Field(default=1, ge=1)
+
+
+class ConsolidationConfig(_Section):
+    #: "auto" uses cuML when it imports and a CUDA device is visible, else the CPU libraries.
+    backend: Literal["auto", "cpu", "gpu"] = "auto"
+    #: Run automatically after this many newly ingested sessions (paper: every 10-20); 0 = never.
+    every_n_sessions: int = Field(default=10, ge=0)
+    umap: UMAPConfig = Field(default_factory=UMAPConfig)
+    hdbscan: HDBSCANConfig = Field(default_factory=HDBSCANConfig)
+
+
+class StoreConfig(_Section):
+    #: How long a writer waits for another process's transaction before giving up.
+    busy_timeout_ms: int = Field(default=30_000, ge=0)
+
+
+class OfflineConfig(_Section):
+    #: The library never touches the network unless this is set (model downloads only).
+    allow_network: bool = False
+
+
+class Config(_Section):
+    embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    #: The evaluation judge; defaults to the system's own LLM when unset.
+    judge: LLMConfig | None = None
+    curation: CurationConfig = Field(default_factory=CurationConfig)
+    consolidation: ConsolidationConfig = Field(default_factory=ConsolidationConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    offline: OfflineConfig = Field(default_factory=OfflineConfig)
+
+
+class ConfigError(ValueError):
+    """A configuration file could not be read or does not validate."""
+
+
+def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:
+    """Load a YAML config (or the defaults when ``path`` is None) and apply dotted overrides.
+
+    ``overrides`` maps dotted keys to values, e.g. ``{"retrieval.k": 5}``.
+    """
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config {path}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
+        node[leaf] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        where = f"config {path}" if path is not None else "config"
+        raise ConfigError(f"{where} is invalid:\n{exc}") from exc

@@ -1,0 +1,414 @@
+"""Session curation (paper §3.1): a session's turns in, episodes and relational tuples out.
+
+    curator = Curator(llm, config.llm, config.curation)
+    outcomes = curator.curate(sessions)        # one batched llm.generate for all of them
+    for outcome in outcomes:
+        outcome.result                         # CurationResult, or None with outcome.error set
+
+Flow of one session:
+
+1. Each turn is rendered as ``[turn_id] speaker: text`` (``Turn.render``), relative dates
+   annotated with their absolute date first (``dates.annotate_relative_dates``).
+2. The turns are split into *windows* of whole turns so that the prompt, the turns and
+   ``max_new_tokens`` fit ``LLMConfig.context_tokens`` (measured with ``llm.count_tokens``).
+   A short session is one window; a single turn longer than a whole window is cut to fit
+   (the stored turn is untouched).
+3. All windows of all sessions go to the LLM in **one** ``generate`` call, constrained to
+   :class:`CurationReply`. Windows whose reply still failed (after the backend's own
+   retries) are re-sent split in half, all together, for ``CurationConfig.retry_rounds``
+   more rounds: a shorter window fits the context and its reply fits ``max_new_tokens``.
+4. Each reply is checked: ``source_turn_ids`` must name turns of the window the model was
+   shown (others are dropped and reported in ``dropped_turn_ids``; a memory left with no
+   valid id is kept with an empty list, its content is not at fault); a timestamp that is
+   not a real date falls back to the session date. Window results are concatenated in turn
+   order.
+
+A session with any window still failing gets ``result=None`` and ``error`` set: storing part
+of a session would silently lose the rest, while the caller keeps the raw session (marked
+``curation_failed``) and can curate it again; with the call cache on, the windows that did
+succeed cost nothing the second time.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from typing import Sequence
+
+from dateutil import parser as date_parser
+from pydantic import BaseModel, ConfigDict, Field
+
+from hybridmem_local.config import CurationConfig, LLMConfig
+from hybridmem_local.dates import annotate_relative_dates
+from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.prompts import PromptTemplate, load_prompt
+from hybridmem_local.schema import CurationResult, EpisodeDraft, Session, Turn, TupleDraft
+
+log = logging.getLogger(__name__)
+
+#: Chat-template tokens (role markers, BOS) that ``count_tokens`` of the message texts misses.
+TEMPLATE_ALLOWANCE_TOKENS = 48
+#: Below this many tokens for turns, windows would hold too little conversation to be useful.
+MIN_TURN_BUDGET_TOKENS = 64
+
+# The JSON schema constrains timestamps to ISO form, so constrained backends cannot write
+# "last week"; validation stays lenient (servers that ignore schemas, impossible dates like
+# 2023-02-30) and :func:`normalise_timestamp` falls back to the session date instead of
+# failing the whole window.
+_ISO_DATE_JSON = {"pattern": r"^\d{4}(-\d{2}(-\d{2})?)?$"}
+_ISO_DATE_IN_TEXT = re.compile(r"(?<!\d)(\d{4})-(\d{2})(?:-(\d{2}))?(?!\d)")
+_YEAR = re.compile(r"^\s*(\d{4})\s*$")
+
+
+# --------------------------------------------------------------------------- LLM reply schema
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EpisodeReply(_Reply):
+    title: str = Field(min_length=1)
+    summary: str = Field(min_length=1)
+    details: str = Field(min_length=1)
+    timestamp: str = Field(description="YYYY-MM-DD", json_schema_extra=_ISO_DATE_JSON)
+    source_turn_ids: list[str]
+
+
+class TupleReply(_Reply):
+    entity: str = Field(min_length=1)
+    relation: str = Field(min_length=1)
+    object: str = Field(min_length=1)
+    timestamp: str = Field(description="YYYY-MM-DD", json_schema_extra=_ISO_DATE_JSON)
+    context: str
+    source_turn_ids: list[str]
+
+
+class CurationReply(_Reply):
+    """What the curation LLM writes; checked and turned into a :class:`CurationResult`."""
+
+    episodes: list[EpisodeReply]
+    tuples: list[TupleReply]
+
+
+# --------------------------------------------------------------------------- outcome
+
+
+class CurationOutcome(BaseModel):
+    """One session's curation: the memories (or the error) and what they cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    namespace: str
+    result: CurationResult | None
+    error: str | None = None
+    prompt_version: str
+    #: Requests sent for this session (windows, plus re-sent halves); the backend's own
+    #: validation retries are inside these and show only in the token counts.
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    #: Model time spent on this session's requests (the sum of their latencies).
+    seconds: float = 0.0
+    #: Windows of the first attempt.
+    windows: int = 0
+    #: Cited ids that name no turn the model was shown, dropped from the memories.
+    dropped_turn_ids: list[str] = Field(default_factory=list)
+    #: Timestamps that were not a real date and were replaced by the session date.
+    timestamps_defaulted: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+# --------------------------------------------------------------------------- checking replies
+
+
+def normalise_timestamp(value: str, session_date: date) -> str | None:
+    """An ISO date (YYYY, YYYY-MM or YYYY-MM-DD) for ``value``, or None when it names no date.
+
+    The first ISO-looking date inside the value wins, so a copied annotation such as
+    ``"week of 2023-05-01"`` or ``"~2023-05-05"`` gives its date; other forms ("May 7, 2023")
+    go through dateutil, with the session date filling what the value leaves out.
+    """
+    iso, year_only = _ISO_DATE_IN_TEXT.search(value), _YEAR.match(value)
+    if iso or year_only:
+        year, month, day = iso.groups() if iso else (year_only.group(1), None, None)
+        try:
+            date(int(year), int(month or 1), int(day or 1))
+        except ValueError:
+            return None
+        return "-".join(part for part in (year, month, day) if part)
+    try:
+        parsed = date_parser.parse(value, default=datetime(session_date.year, session_date.month, session_date.day))
+    except (ValueError, OverflowError):
+        return None
+    return parsed.date().isoformat()
+
+
+@dataclass
+class _Checked:
+    """A window's reply after checking, with what checking changed."""
+
+    episodes: list[EpisodeDraft]
+    tuples: list[TupleDraft]
+    dropped_turn_ids: list[str]
+    timestamps_defaulted: int
+
+
+def check_reply(reply: CurationReply, turn_ids: Sequence[str], session_date: date) -> _Checked:
+    """Keep only cited ids among ``turn_ids``; give every memory a valid timestamp."""
+    known = set(turn_ids)
+    dropped: list[str] = []
+    defaulted = 0
+
+    def cited(ids: list[str]) -> list[str]:
+        kept: list[str] = []
+        for raw in ids:
+            turn_id = raw.strip().strip("[]").strip()  # models sometimes copy the brackets
+            if turn_id in known:
+                if turn_id not in kept:
+                    kept.append(turn_id)
+            elif raw not in dropped:
+                dropped.append(raw)
+        return kept
+
+    def timestamp(value: str) -> str:
+        nonlocal defaulted
+        normalised = normalise_timestamp(value, session_date)
+        if normalised is None:
+            defaulted += 1
+            return session_date.isoformat()
+        return normalised
+
+    episodes = [
+        EpisodeDraft(
+            title=e.title, summary=e.summary, details=e.details,
+            timestamp=timestamp(e.timestamp), source_turn_ids=cited(e.source_turn_ids),
+        )
+        for e in reply.episodes
+    ]
+    tuples = [
+        TupleDraft(
+            entity=t.entity, relation=t.relation, object=t.object, timestamp=timestamp(t.timestamp),
+            context=t.context, source_turn_ids=cited(t.source_turn_ids),
+        )
+        for t in reply.tuples
+    ]
+    return _Checked(episodes, tuples, dropped, defaulted)
+
+
+# --------------------------------------------------------------------------- windows
+
+
+@dataclass(frozen=True)
+class Window:
+    """Consecutive whole turns of one session, sent to the LLM as one request."""
+
+    session_index: int
+    session: Session
+    #: Position of the first turn in the session (results are put back in this order).
+    start: int
+    turns: tuple[Turn, ...]
+    #: The rendered (date-annotated, possibly cut) line of each turn.
+    lines: tuple[str, ...]
+
+    @property
+    def turn_ids(self) -> list[str]:
+        return [t.turn_id for t in self.turns]
+
+    def describe(self) -> str:
+        return f"turns {self.turns[0].turn_id}..{self.turns[-1].turn_id}"
+
+    def halves(self) -> list[Window]:
+        """Two windows of half the turns each; a single-turn window is returned as is."""
+        if len(self.turns) < 2:
+            return [self]
+        mid = len(self.turns) // 2
+        return [
+            Window(self.session_index, self.session, self.start, self.turns[:mid], self.lines[:mid]),
+            Window(self.session_index, self.session, self.start + mid, self.turns[mid:], self.lines[mid:]),
+        ]
+
+
+@dataclass
+class _Tally:
+    """What one session has accumulated over its windows and rounds."""
+
+    windows: int = 0
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    parts: list[tuple[int, _Checked]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def count(self, result: LLMResult) -> None:
+        self.calls += 1
+        self.prompt_tokens += result.prompt_tokens
+        self.completion_tokens += result.completion_tokens
+        self.seconds += result.latency_s
+
+
+def format_session_date(moment: datetime) -> str:
+    """``2023-05-08 (Monday) 13:56 UTC``: the weekday helps resolve "last Friday"."""
+    return f"{moment:%Y-%m-%d (%A) %H:%M} {moment.tzname() or ''}".rstrip()
+
+
+# --------------------------------------------------------------------------- curator
+
+
+class Curator:
+    """Curates sessions with any :class:`StructuredLLM`; see the module docstring."""
+
+    def __init__(self, llm: StructuredLLM, llm_config: LLMConfig, config: CurationConfig):
+        self.llm = llm
+        self.llm_config = llm_config
+        self.config = config
+        self.prompt: PromptTemplate = load_prompt("curation")
+        self.turn_budget = self._turn_budget()
+
+    def _turn_budget(self) -> int:
+        """Tokens left for turn lines once the prompt, the reply and the chat template fit."""
+        skeleton = self.prompt.messages(
+            session_date=format_session_date(datetime(2023, 12, 27, 23, 59, tzinfo=timezone.utc)),
+            window_note=self._window_note(Turn(turn_id="x" * 12, speaker="x", text="x"), 1000),
+            turns="",
+        )
+        overhead = sum(self.llm.count_tokens(m.content) for m in skeleton) + TEMPLATE_ALLOWANCE_TOKENS
+        budget = self.llm_config.context_tokens - self.llm_config.max_new_tokens - overhead
+        if budget < MIN_TURN_BUDGET_TOKENS:
+            raise ValueError(
+                f"llm.context_tokens={self.llm_config.context_tokens} leaves {budget} tokens for turns after "
+                f"the curation prompt ({overhead}) and llm.max_new_tokens={self.llm_config.max_new_tokens}; "
+                f"raise context_tokens or lower max_new_tokens"
+            )
+        return budget
+
+    @staticmethod
+    def _window_note(first: Turn, n_turns: int) -> str:
+        return f"(Part of a longer session of {n_turns} turns, starting at turn {first.turn_id}.)"
+
+    # ------------------------------------------------------------------ windows
+
+    def render_lines(self, session: Session) -> list[str]:
+        """Each turn's prompt line: relative dates annotated, cut to the window budget."""
+        lines = []
+        for turn in session.turns:
+            if self.config.annotate_relative_dates:
+                turn = turn.model_copy(update={"text": annotate_relative_dates(turn.text, session.started_at)})
+            lines.append(self._fit(turn.render(), session.session_id))
+        return lines
+
+    def _fit(self, line: str, session_id: str) -> str:
+        tokens = self.llm.count_tokens(line)
+        if tokens <= self.turn_budget:
+            return line
+        log.warning("session %s: a turn of %d tokens is cut to the %d-token window", session_id, tokens, self.turn_budget)
+        while tokens > self.turn_budget:
+            line = line[: int(len(line) * self.turn_budget / tokens * 0.9)]
+            tokens = self.llm.count_tokens(line + " [cut]")
+        return line + " [cut]"
+
+    def windows(self, session: Session, session_index: int = 0) -> list[Window]:
+        """Greedy split into consecutive whole turns, each window within the token budget."""
+        lines = self.render_lines(session)
+        windows: list[Window] = []
+        start, used = 0, 0
+        for i, line in enumerate(lines):
+            tokens = self.llm.count_tokens(line + "\n")
+            if i > start and used + tokens > self.turn_budget:
+                windows.append(self._window(session, session_index, start, i, lines))
+                start, used = i, 0
+            used += tokens
+        windows.append(self._window(session, session_index, start, len(lines), lines))
+        return windows
+
+    @staticmethod
+    def _window(session: Session, session_index: int, start: int, end: int, lines: list[str]) -> Window:
+        return Window(session_index, session, start, tuple(session.turns[start:end]), tuple(lines[start:end]))
+
+    def request(self, window: Window) -> LLMRequest:
+        session = window.session
+        whole = len(window.turns) == len(session.turns)
+        messages = self.prompt.messages(
+            session_date=format_session_date(session.started_at),
+            window_note="" if whole else self._window_note(window.turns[0], len(session.turns)),
+            turns="\n".join(window.lines),
+        )
+        return LLMRequest(
+            messages=messages,
+            output_schema=CurationReply,
+            enable_thinking=False,
+            prompt_version=self.prompt.version,
+            tag=session.namespace,
+        )
+
+    # ------------------------------------------------------------------ curate
+
+    def curate(self, sessions: Sequence[Session]) -> list[CurationOutcome]:
+        """Curate every session: one batched LLM call, then at most ``retry_rounds`` more."""
+        tallies = [_Tally() for _ in sessions]
+        pending: list[Window] = []
+        for index, session in enumerate(sessions):
+            session_windows = self.windows(session, index)
+            tallies[index].windows = len(session_windows)
+            pending.extend(session_windows)
+
+        for round_number in range(self.config.retry_rounds + 1):
+            if not pending:
+                break
+            failed: list[tuple[Window, str]] = []
+            for window, result in zip(pending, self._generate(pending), strict=True):
+                tally = tallies[window.session_index]
+                tally.count(result)
+                if result.ok and isinstance(result.parsed, CurationReply):
+                    tally.parts.append((window.start, check_reply(result.parsed, window.turn_ids, window.session.started_at.date())))
+                else:
+                    failed.append((window, result.error or "reply is not a CurationReply"))
+            last_round = round_number == self.config.retry_rounds
+            if failed and not last_round:
+                log.info("curation: %d window(s) failed, re-sending them split in half", len(failed))
+            if last_round:
+                for window, error in failed:
+                    tallies[window.session_index].errors.append(f"{window.describe()}: {error}")
+            pending = [half for window, _ in failed for half in window.halves()]
+
+        return [self._outcome(session, tally) for session, tally in zip(sessions, tallies)]
+
+    def _generate(self, windows: list[Window]) -> list[LLMResult]:
+        """One batched call; a backend that cannot be reached fails these windows, not the run."""
+        try:
+            return self.llm.generate([self.request(w) for w in windows])
+        except LLMError as exc:
+            log.error("curation: the LLM backend failed for %d window(s): %s", len(windows), exc)
+            return [LLMResult(error=f"LLM backend failed: {exc}") for _ in windows]
+
+    def _outcome(self, session: Session, tally: _Tally) -> CurationOutcome:
+        parts = [checked for _, checked in sorted(tally.parts, key=lambda part: part[0])]
+        dropped = list(dict.fromkeys(t for p in parts for t in p.dropped_turn_ids))
+        if dropped:
+            log.warning("session %s: dropped cited turn ids that the model was not shown: %s", session.session_id, dropped[:10])
+        result = None
+        if not tally.errors:
+            result = CurationResult(
+                episodes=[e for p in parts for e in p.episodes], tuples=[t for p in parts for t in p.tuples]
+            )
+        return CurationOutcome(
+            session_id=session.session_id,
+            namespace=session.namespace,
+            result=result,
+            error="; ".join(tally.errors) or None,
+            prompt_version=self.prompt.version,
+            llm_calls=tally.calls,
+            prompt_tokens=tally.prompt_tokens,
+            completion_tokens=tally.completion_tokens,
+            seconds=round(tally.seconds, 3),
+            windows=tally.windows,
+            dropped_turn_ids=dropped,
+            timestamps_defaulted=sum(p.timestamps_defaulted for p in parts),
+        )

@@ -1,0 +1,214 @@
+"""Answer metrics (LoCoMo's official F1, mem0-style F1 and BLEU-1) and retrieval recall.
+
+* :func:`f1_official` reproduces ``f1_score`` / ``f1`` / ``eval_question_answering`` of
+  snap-research/LoCoMo ``task_eval/evaluation.py``, category rules included.
+* :func:`f1_mem0` and :func:`bleu1` reproduce ``calculate_metrics`` / ``calculate_bleu_scores``
+  of mem0's ``evaluation/metrics/utils.py`` (the F1 and BLEU columns of memory-system papers).
+  One deliberate difference: mem0 tokenises for BLEU with ``nltk.word_tokenize``, which needs
+  the downloadable ``punkt`` model; here a regex splits words and punctuation instead, so no
+  NLTK data is ever needed. The two differ only on contractions ("don't" → don ' t, where
+  Treebank gives do n't) and a few quote/period rules.
+* Retrieval metrics work on provenance: a retrieved memory carries the turn ids it came from.
+  A question without evidence is *not scorable* (``None``); :func:`aggregate` leaves such
+  values out of every mean and counts them.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from nltk.stem import PorterStemmer
+from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+from pydantic import BaseModel, ConfigDict
+
+_stemmer = PorterStemmer()
+_PUNCTUATION = set(string.punctuation)
+_ARTICLES_AND = re.compile(r"\b(a|an|the|and)\b")
+_BLEU_TOKEN = re.compile(r"\w+|[^\w\s]")
+_ADVERSARIAL_PHRASES = ("no information available", "not mentioned")
+
+# --------------------------------------------------------------------------- LoCoMo official F1
+
+
+def normalize_answer(text: str) -> str:
+    """LoCoMo's normaliser: drop commas, lowercase, drop punctuation, articles and "and"."""
+    text = text.replace(",", "").lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES_AND.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _stemmed_tokens(text: str) -> list[str]:
+    return [_stemmer.stem(word) for word in normalize_answer(text).split()]
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """Token F1 over Porter-stemmed, normalised tokens (LoCoMo ``f1_score``); 0 without overlap."""
+    prediction_tokens = _stemmed_tokens(prediction)
+    gold_tokens = _stemmed_tokens(gold)
+    same = sum((Counter(prediction_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0
+    precision = same / len(prediction_tokens)
+    recall = same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def multi_answer_f1(prediction: str, gold: str) -> float:
+    """LoCoMo ``f1`` for multi-hop answers: both sides split on ','; each gold part is scored
+    by its best-matching prediction part, and the gold parts are averaged."""
+    predictions = [p.strip() for p in prediction.split(",")]
+    golds = [g.strip() for g in gold.split(",")]
+    return sum(max(token_f1(p, g) for p in predictions) for g in golds) / len(golds)
+
+
+def f1_official(prediction: str, gold: str, category: int) -> float:
+    """The LoCoMo paper's QA score for one answer, by question category.
+
+    1 multi-hop: :func:`multi_answer_f1`; 2 temporal and 4 single-hop: :func:`token_f1`;
+    3 open-domain: :func:`token_f1` against the gold text before its first ';';
+    5 adversarial: 1.0 when the prediction says "no information available" or "not mentioned"
+    (the gold answer is not used).
+    """
+    if category in (2, 4):
+        return token_f1(prediction, gold)
+    if category == 3:
+        return token_f1(prediction, gold.split(";")[0].strip())
+    if category == 1:
+        return multi_answer_f1(prediction, gold)
+    if category == 5:
+        lowered = prediction.lower()
+        return 1.0 if any(phrase in lowered for phrase in _ADVERSARIAL_PHRASES) else 0.0
+    raise ValueError(f"LoCoMo category must be 1-5, got {category!r}")
+
+
+# --------------------------------------------------------------------------- mem0-style F1 and BLEU-1
+
+
+def _mem0_tokens(text: str) -> set[str]:
+    return set(text.lower().replace(".", " ").replace(",", " ").replace("!", " ").replace("?", " ").split())
+
+
+def f1_mem0(prediction: str, gold: str) -> float:
+    """mem0's F1: overlap of the *sets* of lowercased tokens, with only . , ! ? removed."""
+    prediction, gold = prediction.strip(), gold.strip()
+    if not prediction or not gold:
+        return 0.0
+    prediction_tokens, gold_tokens = _mem0_tokens(prediction), _mem0_tokens(gold)
+    common = prediction_tokens & gold_tokens
+    if not prediction_tokens or not gold_tokens or not common:
+        return 0.0
+    precision = len(common) / len(prediction_tokens)
+    recall = len(common) / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def bleu_tokens(text: str) -> list[str]:
+    """Lowercased words and punctuation marks (stands in for ``nltk.word_tokenize``)."""
+    return _BLEU_TOKEN.findall(text.lower())
+
+
+def bleu1(prediction: str, gold: str) -> float:
+    """Sentence BLEU-1 with NLTK's smoothing method 1, as in mem0's evaluation."""
+    prediction_tokens, gold_tokens = bleu_tokens(prediction), bleu_tokens(gold)
+    if not prediction_tokens or not gold_tokens:
+        return 0.0
+    return float(
+        sentence_bleu(
+            [gold_tokens],
+            prediction_tokens,
+            weights=(1, 0, 0, 0),
+            smoothing_function=SmoothingFunction().method1,
+        )
+    )
+
+
+# --------------------------------------------------------------------------- retrieval
+
+
+def evidence_recall(covered_turn_ids: Iterable[str], evidence_ids: Sequence[str]) -> bool | None:
+    """True when every evidence turn is covered; None when the question has no evidence."""
+    if not evidence_ids:
+        return None
+    covered = set(covered_turn_ids)
+    return all(turn_id in covered for turn_id in evidence_ids)
+
+
+def evidence_recall_at_k(
+    ranked_items_provenance: Sequence[Iterable[str]], evidence_ids: Sequence[str], k: int
+) -> bool | None:
+    """:func:`evidence_recall` over the provenance of the first ``k`` retrieved items."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    covered = {turn_id for item in ranked_items_provenance[:k] for turn_id in item}
+    return evidence_recall(covered, evidence_ids)
+
+
+def session_recall_at_k(
+    ranked_session_ids: Sequence[str],
+    answer_session_ids: Sequence[str],
+    k: int,
+    require: Literal["all", "any"] = "all",
+) -> bool | None:
+    """LongMemEval's session recall: are all (``recall_all``) or any (``recall_any``) of the
+    answer sessions among the first ``k`` distinct ranked sessions? None without answer sessions.
+
+    Repeats in the ranking (several memories from one session) count once, as LongMemEval does
+    when it lifts turn-level rankings to sessions.
+    """
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if not answer_session_ids:
+        return None
+    top = list(dict.fromkeys(ranked_session_ids))[:k]
+    hits = [session_id in top for session_id in answer_session_ids]
+    return all(hits) if require == "all" else any(hits)
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MetricSummary(_Strict):
+    #: Mean of the scorable values; None when there were none.
+    mean: float | None
+    #: Values averaged.
+    count: int
+    #: Values that were None (not scorable) and left out.
+    skipped: int
+
+
+class MetricReport(_Strict):
+    overall: MetricSummary
+    by_category: dict[str, MetricSummary]
+
+
+def _summarise(values: list[float | bool | None]) -> MetricSummary:
+    scorable = [float(v) for v in values if v is not None]
+    return MetricSummary(
+        mean=sum(scorable) / len(scorable) if scorable else None,
+        count=len(scorable),
+        skipped=len(values) - len(scorable),
+    )
+
+
+def aggregate(
+    values: Sequence[float | bool | None], categories: Sequence[str | int] | None = None
+) -> MetricReport:
+    """Mean of per-question values overall and per category, leaving out (and counting) Nones."""
+    if categories is not None and len(categories) != len(values):
+        raise ValueError(f"{len(values)} values but {len(categories)} categories")
+    grouped: dict[str, list[float | bool | None]] = {}
+    for category, value in zip(categories or [], values):
+        grouped.setdefault(str(category), []).append(value)
+    return MetricReport(
+        overall=_summarise(list(values)),
+        by_category={category: _summarise(group) for category, group in sorted(grouped.items())},
+    )

@@ -1,0 +1,72 @@
+"""Structured LLM backends behind one protocol, picked by ``LLMConfig.backend``.
+
+>>> llm = build_llm(config.llm, cache_path=Path("runs/llm_cache.sqlite"))
+>>> [result] = llm.generate([LLMRequest(messages=[...], output_schema=CurationResult)])
+>>> result.parsed, result.error, result.prompt_tokens
+
+Importing this package is cheap: each backend imports its engine (llama_cpp, torch, vllm,
+openai) only when it is built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hybridmem_local.config import LLMConfig
+from hybridmem_local.llm.base import ChatMessage, LLMError, LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.llm.cache import CachedLLM
+from hybridmem_local.llm.llamacpp import LlamaCppLLM
+from hybridmem_local.llm.openai_server import OpenAIServerLLM
+from hybridmem_local.llm.replies import ChatBackend
+from hybridmem_local.llm.transformers_backend import TransformersLLM
+from hybridmem_local.llm.vllm_offline import VLLMOfflineLLM
+
+BACKENDS: dict[str, type[ChatBackend]] = {
+    "llamacpp": LlamaCppLLM,
+    "transformers": TransformersLLM,
+    "vllm-offline": VLLMOfflineLLM,
+    "openai-server": OpenAIServerLLM,
+}
+
+
+def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Path | None = None) -> StructuredLLM:
+    """Build the configured backend, wrapped in the on-disk call cache when ``cache_path`` is given.
+
+    Local backends load ``model_path`` when given, else ``config.path``, else the manifest
+    entry named ``config.model`` (see ``hybridmem_local.model_registry``).
+    """
+    backend = BACKENDS[config.backend]
+    if backend.needs_local_model:
+        if model_path is None:
+            from hybridmem_local.model_registry import resolve_model
+
+            model_path = resolve_model(config.model, explicit_path=config.path).path
+        llm: StructuredLLM = backend(config, Path(model_path))
+    else:
+        llm = backend(config)
+    if cache_path is not None:
+        llm = CachedLLM(llm, Path(cache_path), settings=sampling_settings(config))
+    return llm
+
+
+def sampling_settings(config: LLMConfig) -> dict:
+    """The settings besides the request that change a reply: part of every cache key."""
+    return {
+        "temperature": config.temperature,
+        "seed": config.seed,
+        "max_new_tokens": config.max_new_tokens,
+        "context_tokens": config.context_tokens,
+    }
+
+
+__all__ = [
+    "BACKENDS",
+    "CachedLLM",
+    "ChatMessage",
+    "LLMError",
+    "LLMRequest",
+    "LLMResult",
+    "StructuredLLM",
+    "build_llm",
+    "sampling_settings",
+]

@@ -1,0 +1,152 @@
+"""An on-disk cache of LLM calls, so re-running a stage (or a killed run) costs no model calls.
+
+The key is the SHA-256 of everything that changes a reply: model id, prompt version, messages,
+output JSON schema, sampling settings, token budget, thinking switch and tag. Only successful
+results are stored. Misses go to the wrapped backend in chunks and each chunk is committed as
+soon as it returns, so a run killed half-way resumes where it stopped. The file is SQLite in
+WAL mode, created readable by its owner only (it holds conversation text).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.llm.replies import check_reply, schema_json
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS llm_calls (
+    key TEXT PRIMARY KEY,
+    tag TEXT,
+    model_id TEXT NOT NULL,
+    prompt_version TEXT NOT NULL,
+    text TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS llm_calls_tag ON llm_calls(tag);
+"""
+
+
+class CachedLLM:
+    """Wraps any :class:`StructuredLLM`; itself a ``StructuredLLM`` with the same ``model_id``."""
+
+    def __init__(
+        self,
+        inner: StructuredLLM,
+        path: Path,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        chunk_size: int = 32,
+    ):
+        """``settings``: the backend's sampling settings (see ``llm.sampling_settings``), keyed
+        in; ``chunk_size``: misses sent to ``inner`` per call, the most a kill can lose."""
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.path = Path(path)
+        self.settings = dict(settings or {})
+        self.chunk_size = chunk_size
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        self._db = sqlite3.connect(self.path)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # forget() promises the text is gone, not just unlinked from the table.
+        self._db.execute("PRAGMA secure_delete=ON")
+        self._db.executescript(_SCHEMA)
+
+    def key(self, request: LLMRequest) -> str:
+        material = {
+            "model_id": self.model_id,
+            "prompt_version": request.prompt_version,
+            "messages": [message.model_dump() for message in request.messages],
+            "schema": schema_json(request.output_schema) if request.output_schema else None,
+            "settings": self.settings,
+            "max_new_tokens": request.max_new_tokens,
+            "enable_thinking": request.enable_thinking,
+            "tag": request.tag,
+        }
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        keys = [self.key(request) for request in requests]
+        results: list[LLMResult | None] = [self._lookup(key, request) for key, request in zip(keys, requests)]
+        misses = [i for i, result in enumerate(results) if result is None]
+        for start in range(0, len(misses), self.chunk_size):
+            chunk = misses[start : start + self.chunk_size]
+            fresh = self.inner.generate([requests[i] for i in chunk])
+            with self._db:  # one commit per chunk: what returned is kept if the run dies next
+                for i, result in zip(chunk, fresh, strict=True):
+                    results[i] = result
+                    if result.ok:
+                        self._store(keys[i], requests[i], result)
+        return results  # type: ignore[return-value]
+
+    def _lookup(self, key: str, request: LLMRequest) -> LLMResult | None:
+        start = time.perf_counter()
+        row = self._db.execute(
+            "SELECT text, prompt_tokens, completion_tokens FROM llm_calls WHERE key = ?", (key,)
+        ).fetchone()
+        if row is None:
+            return None
+        text, prompt_tokens, completion_tokens = row
+        parsed, problem = check_reply(text, request.output_schema)
+        if problem is not None:
+            return None  # a validator changed while the JSON schema did not: ask again
+        return LLMResult(
+            text=text,
+            parsed=parsed,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            latency_s=time.perf_counter() - start,
+            cached=True,
+        )
+
+    def _store(self, key: str, request: LLMRequest, result: LLMResult) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO llm_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                key,
+                request.tag,
+                self.model_id,
+                request.prompt_version,
+                result.text,
+                result.prompt_tokens,
+                result.completion_tokens,
+                result.latency_s,
+                datetime.now(timezone.utc).isoformat(),
+            ),
+        )
+
+    def forget(self, tag: str) -> int:
+        """Delete every entry filed under ``tag`` (e.g. a namespace); returns how many."""
+        with self._db:
+            deleted = self._db.execute("DELETE FROM llm_calls WHERE tag = ?", (tag,)).rowcount
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return deleted
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM llm_calls").fetchone()[0]
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> CachedLLM:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

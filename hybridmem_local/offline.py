@@ -1,0 +1,233 @@
+"""Offline mode, and the ``hybridmem doctor`` report.
+
+:func:`enforce_offline` is called by every model factory before a model loads, so no hub
+library can reach the network or send telemetry at run time. Model files come from
+:mod:`hybridmem_local.model_registry`; the only download is ``hybridmem models download``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from hybridmem_local.config import Config, LLMConfig
+
+#: Each variable and the value that switches its library's network use off.
+OFFLINE_ENV: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    # not network: stops the tokenizers fork warning/deadlock in worker processes
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def enforce_offline(allow_network: bool = False) -> dict[str, str]:
+    """Switch hub libraries to offline mode in this process (and its children); idempotent.
+
+    Sets :data:`OFFLINE_ENV` and, because ``huggingface_hub`` reads ``HF_HUB_OFFLINE`` once
+    at import, also flips its already-imported constants (transformers and
+    sentence-transformers ask ``huggingface_hub.is_offline_mode()``). Returns the variables
+    set; with ``allow_network=True`` nothing is changed and ``{}`` comes back.
+    """
+    if allow_network:
+        return {}
+    os.environ.update(OFFLINE_ENV)
+    hub_constants = sys.modules.get("huggingface_hub.constants")
+    if hub_constants is not None:
+        hub_constants.HF_HUB_OFFLINE = True
+        hub_constants.HF_HUB_DISABLE_TELEMETRY = True
+    return dict(OFFLINE_ENV)
+
+
+def offline_status() -> dict[str, Any]:
+    """The offline variables as they are now, and whether all of them are in force."""
+    env = {name: os.environ.get(name) for name in OFFLINE_ENV}
+    hub_constants = sys.modules.get("huggingface_hub.constants")
+    hub_offline = None if hub_constants is None else bool(hub_constants.HF_HUB_OFFLINE)
+    in_force = all(env[name] == value for name, value in OFFLINE_ENV.items()) and hub_offline is not False
+    return {"in_force": in_force, "env": env, "huggingface_hub_offline": hub_offline}
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+def _import_check(module: str) -> dict[str, Any]:
+    """Whether ``module`` imports, its version, or why not (heavy: only for the doctor)."""
+    if importlib.util.find_spec(module) is None:
+        return {"importable": False, "version": None, "error": "not installed"}
+    try:
+        imported = importlib.import_module(module)
+    except Exception as exc:  # a broken install can raise anything; report it, don't crash the doctor
+        return {"importable": False, "version": None, "error": f"{type(exc).__name__}: {exc}"}
+    return {"importable": True, "version": getattr(imported, "__version__", None), "error": None}
+
+
+def _torch_check() -> dict[str, Any]:
+    check = _import_check("torch")
+    check.update(cuda_available=False, devices=[])
+    if check["importable"]:
+        import torch
+
+        if torch.cuda.is_available():
+            check["cuda_available"] = True
+            check["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return check
+
+
+#: What a local LLM backend loads; the server backend loads nothing here.
+_REMOTE_LLM_BACKENDS = {"openai-server"}
+
+
+def _model_check(role: str, name: str, explicit_path: Path | None, hash_files: bool) -> dict[str, Any]:
+    from hybridmem_local import model_registry
+
+    row: dict[str, Any] = {"role": role, "name": name, "found": False, "path": None, "source": None}
+    try:
+        resolved = model_registry.resolve_model(name, explicit_path=explicit_path)
+    except model_registry.ModelRegistryError as exc:
+        return {**row, "verified": None, "status": "missing", "error": str(exc)}
+    row.update(found=True, path=str(resolved.path), source=resolved.source)
+    if resolved.entry is None:
+        return {**row, "verified": None, "status": "not in manifest", "error": None}
+    report = model_registry.verify_directory(
+        resolved.entry, resolved.directory, resolved.source, hash_files=hash_files, raise_on_failure=False
+    )
+    if report.failures:
+        status = "damaged"
+        error = "; ".join(model_registry.describe_check(c) for c in report.failures)
+    elif report.verified:
+        status, error = "verified", None
+    elif not hash_files:
+        status, error = "complete (sizes checked; --verify hashes)", None
+    else:
+        status, error = f"unpinned: {len(report.unpinned)} file(s) have no sha256 in the manifest", None
+    return {**row, "verified": report.verified, "status": status, "error": error}
+
+
+def _llm_check(role: str, llm: LLMConfig, hash_files: bool) -> dict[str, Any]:
+    if llm.backend in _REMOTE_LLM_BACKENDS:
+        return {
+            "role": role,
+            "name": llm.model,
+            "found": None,
+            "path": llm.base_url,
+            "source": llm.backend,
+            "verified": None,
+            "status": "served remotely (not checked here)",
+            "error": None if llm.base_url else "llm.base_url is not set",
+        }
+    return _model_check(role, llm.model, llm.path, hash_files)
+
+
+def doctor_report(config: Config, *, verify: bool = False) -> dict[str, Any]:
+    """What this machine can run with ``config``: models, backends, offline mode, versions.
+
+    ``verify=True`` hashes every model file (seconds for the small models, minutes for
+    multi-GB ones); otherwise presence and sizes are checked. The result is JSON-serialisable;
+    ``problems`` lists what stands in the way of running ``config``. Enforces offline mode
+    first, as every model load does, unless ``config.offline.allow_network``.
+    """
+    from hybridmem_local import model_registry
+
+    # report the conditions the library runs under (and import the backends under them)
+    enforce_offline(config.offline.allow_network)
+    models = [_model_check("embedder", config.embedder.model, config.embedder.path, verify)]
+    models.append(_llm_check("llm", config.llm, verify))
+    if config.judge is not None:
+        models.append(_llm_check("judge", config.judge, verify))
+
+    backends = {
+        "torch": _torch_check(),
+        "sentence_transformers": _import_check("sentence_transformers"),
+        "llama_cpp": _import_check("llama_cpp"),
+        "vllm": _import_check("vllm"),
+        "cuml": _import_check("cuml"),
+    }
+    offline = offline_status()
+
+    problems = [f"{m['role']} model {m['name']!r}: {m['error']}" for m in models if m["error"]]
+    needed = {"llamacpp": "llama_cpp", "vllm-offline": "vllm"}
+    for llm in [config.llm, config.judge]:
+        module = needed.get(llm.backend) if llm is not None else None
+        if module and not backends[module]["importable"]:
+            problems.append(f"llm backend {llm.backend!r} needs {module}: {backends[module]['error']}")
+    if config.consolidation.backend == "gpu" and not (
+        backends["cuml"]["importable"] and backends["torch"]["cuda_available"]
+    ):
+        problems.append("consolidation.backend is 'gpu' but cuML or a CUDA device is unavailable")
+
+    try:
+        package_version = importlib.metadata.version("hybridmem-local")
+    except importlib.metadata.PackageNotFoundError:
+        package_version = None
+    return {
+        "models": models,
+        "models_dir": str(model_registry.default_models_dir()),
+        "backends": backends,
+        "offline": offline,
+        "versions": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "hybridmem_local": package_version,
+            "torch": backends["torch"]["version"],
+        },
+        "problems": problems,
+    }
+
+
+def render_doctor(report: dict[str, Any]) -> RenderableType:
+    """A rich rendering of :func:`doctor_report` (tables for models and backends)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    models = Table(title="Models", title_justify="left")
+    for column in ("role", "name", "status", "source", "path"):
+        models.add_column(column, overflow="fold")
+    for row in report["models"]:
+        colour = "yellow" if row["found"] is None else "green" if row["found"] and not row["error"] else "red"
+        status = Text(row["status"], style=colour)
+        models.add_row(row["role"], row["name"], status, row["source"] or "", row["path"] or "")
+
+    backends = Table(title="Backends", title_justify="left")
+    for column in ("package", "importable", "version / error"):
+        backends.add_column(column, overflow="fold")
+    for name, check in report["backends"].items():
+        detail = check["version"] or check["error"] or ""
+        if name == "torch" and check["importable"]:
+            detail += f"  (CUDA: {', '.join(check['devices']) if check['cuda_available'] else 'none visible'})"
+        importable = Text("yes", style="green") if check["importable"] else Text("no", style="dim")
+        backends.add_row(name, importable, detail)
+
+    offline = report["offline"]
+    lines = [
+        Text(f"models dir: {report['models_dir']}"),
+        Text(
+            "offline mode: " + ("in force" if offline["in_force"] else "not in force"),
+            style="green" if offline["in_force"] else "yellow",
+        ),
+        Text("versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)),
+    ]
+    problems = [Text(f"problem: {p}", style="red") for p in report["problems"]]
+    if not problems:
+        problems = [Text("no problems found", style="green")]
+    return Group(models, backends, *lines, *problems)
+
+
+def print_doctor(report: dict[str, Any], console: Console | None = None) -> None:
+    from rich.console import Console
+
+    (console or Console()).print(render_doctor(report))

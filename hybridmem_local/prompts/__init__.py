@@ -1,0 +1,68 @@
+"""Prompt templates as data: one ``<name>.yaml`` per prompt in this folder.
+
+Each file has three keys: ``version`` (recorded with every LLM call and part of its cache
+key, e.g. ``"judge-locomo/v1"``), ``system`` (may be empty: no system message is sent) and
+``user``. Placeholders use :class:`string.Template` syntax, ``$name`` or ``${name}``, so
+the literal braces of JSON examples need no escaping; ``$$`` is a literal dollar sign.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from string import Template
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hybridmem_local.llm.base import ChatMessage
+
+PROMPTS_DIR = Path(__file__).parent
+_NAME = re.compile(r"^[a-z0-9_]+$")
+
+
+class PromptError(ValueError):
+    """A prompt file is missing or malformed, or a placeholder has no value."""
+
+
+class PromptTemplate(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    version: str = Field(min_length=1)
+    system: str = ""
+    user: str = Field(min_length=1)
+
+    def messages(self, **values: object) -> list[ChatMessage]:
+        """The chat messages with every ``$placeholder`` filled from ``values``."""
+        messages = []
+        for role, text in (("system", self.system), ("user", self.user)):
+            if not text.strip():
+                continue
+            try:
+                content = Template(text).substitute({k: str(v) for k, v in values.items()})
+            except KeyError as exc:
+                raise PromptError(f"prompt {self.name!r}: no value for placeholder ${exc.args[0]}") from exc
+            except ValueError as exc:
+                raise PromptError(f"prompt {self.name!r}: bad placeholder in {role} text: {exc}") from exc
+            messages.append(ChatMessage(role=role, content=content))
+        return messages
+
+
+@lru_cache(maxsize=None)
+def load_prompt(name: str) -> PromptTemplate:
+    """Read ``<name>.yaml`` from this folder (cached)."""
+    if not _NAME.match(name):
+        raise PromptError(f"invalid prompt name {name!r}: use lowercase letters, digits and _")
+    path = PROMPTS_DIR / f"{name}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise PromptError(f"cannot read prompt {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PromptError(f"prompt {path}: expected a mapping with version, system, user")
+    try:
+        return PromptTemplate(name=name, **data)
+    except (ValidationError, TypeError) as exc:
+        raise PromptError(f"prompt {path}: {exc}") from exc

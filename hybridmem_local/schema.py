@@ -1,0 +1,203 @@
+"""Data model shared by every stage: raw sessions, the two memory stores, LLM output schemas.
+
+The paper's records are kept field for field (§3.1): an episode is
+``{title, summary, details, timestamp}`` and a relational tuple is
+``{entity, relation, object, timestamp, context}``. Every stored memory also carries its
+namespace, provenance (session and turn ids), creation time and a status, so that nothing is
+ever lost silently: consolidation marks rows superseded or deleted instead of removing them.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: A turn longer than this is rejected: LoCoMo turns are < 1k characters and LongMemEval's
+#: longest assistant replies ~30k; anything far beyond is almost surely a broken input file.
+MAX_TURN_CHARS = 100_000
+
+NAMESPACE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+#: ISO 8601 prefixes accepted as memory timestamps: a year, a month, a day or a full datetime.
+TIMESTAMP_PATTERN = re.compile(r"^\d{4}(-\d{2}(-\d{2}([T ]\d{2}:\d{2}(:\d{2})?.*)?)?)?$")
+
+MemoryKind = Literal["episode", "tuple"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def check_namespace(namespace: str) -> str:
+    """Namespaces name index files on disk, so they are restricted to a safe alphabet."""
+    if not isinstance(namespace, str) or not NAMESPACE_PATTERN.match(namespace):
+        raise ValueError(
+            f"invalid namespace {namespace!r}: use 1-64 characters from A-Z a-z 0-9 _ . - "
+            "starting with a letter or digit"
+        )
+    return namespace
+
+
+class MemoryStatus(str, Enum):
+    active = "active"
+    superseded = "superseded"
+    deleted = "deleted"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- raw sessions
+
+
+class Turn(_Strict):
+    """One utterance of a session.
+
+    ``turn_id`` is unique within a namespace (LoCoMo's ``D3:7`` already is), so a memory's
+    provenance is a plain list of turn ids even after consolidation merges memories of
+    several sessions; the store rejects a session that reuses another session's turn id.
+    """
+
+    turn_id: str = Field(min_length=1, max_length=64)
+    speaker: str = Field(min_length=1, max_length=200)
+    text: str = Field(max_length=MAX_TURN_CHARS)
+    image_caption: str | None = Field(default=None, max_length=MAX_TURN_CHARS)
+
+    @model_validator(mode="after")
+    def _has_content(self) -> Turn:
+        if not self.text.strip() and not (self.image_caption or "").strip():
+            raise ValueError(f"turn {self.turn_id!r} has neither text nor an image caption")
+        return self
+
+    def render(self) -> str:
+        """The line an LLM or a lexical index sees for this turn."""
+        line = f"[{self.turn_id}] {self.speaker}: {self.text}".rstrip()
+        if self.image_caption:
+            line += f" [shares an image: {self.image_caption}]"
+        return line
+
+
+class Session(_Strict):
+    session_id: str = Field(min_length=1, max_length=200)
+    namespace: str = "default"
+    started_at: AwareDatetime
+    turns: list[Turn] = Field(min_length=1)
+
+    _check_namespace = field_validator("namespace")(classmethod(lambda cls, v: check_namespace(v)))
+
+    @model_validator(mode="after")
+    def _unique_turn_ids(self) -> Session:
+        seen: set[str] = set()
+        for turn in self.turns:
+            if turn.turn_id in seen:
+                raise ValueError(f"session {self.session_id!r}: duplicate turn_id {turn.turn_id!r}")
+            seen.add(turn.turn_id)
+        return self
+
+
+# --------------------------------------------------------------------------- LLM output schemas
+
+
+def _check_timestamp(value: str) -> str:
+    value = value.strip()
+    if not TIMESTAMP_PATTERN.match(value):
+        raise ValueError(f"timestamp {value!r} is not an ISO 8601 date (YYYY, YYYY-MM, YYYY-MM-DD...)")
+    return value
+
+
+class EpisodeDraft(_Strict):
+    """An episodic record as the curation LLM writes it (no ids yet)."""
+
+    title: str = Field(min_length=1)
+    summary: str = Field(min_length=1)
+    details: str = Field(min_length=1)
+    timestamp: str = Field(description="ISO 8601 date of the event, e.g. 2023-05-07")
+    source_turn_ids: list[str] = Field(default_factory=list)
+
+    _ts = field_validator("timestamp")(classmethod(lambda cls, v: _check_timestamp(v)))
+
+
+class TupleDraft(_Strict):
+    """A relational tuple as the curation LLM writes it (no ids yet)."""
+
+    entity: str = Field(min_length=1)
+    relation: str = Field(min_length=1)
+    object: str = Field(min_length=1)
+    timestamp: str = Field(description="ISO 8601 date the fact holds from, e.g. 2023-05-07")
+    context: str = ""
+    source_turn_ids: list[str] = Field(default_factory=list)
+
+    _ts = field_validator("timestamp")(classmethod(lambda cls, v: _check_timestamp(v)))
+
+
+class CurationResult(_Strict):
+    episodes: list[EpisodeDraft] = Field(default_factory=list)
+    tuples: list[TupleDraft] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- stored memories
+
+
+class _StoredMemory(_Strict):
+    id: int | None = None
+    namespace: str = "default"
+    source_session_id: str | None = None
+    source_turn_ids: list[str] = Field(default_factory=list)
+    created_at: AwareDatetime = Field(default_factory=utcnow)
+    status: MemoryStatus = MemoryStatus.active
+    superseded_by: int | None = None
+
+    _check_namespace = field_validator("namespace")(classmethod(lambda cls, v: check_namespace(v)))
+
+
+class Episode(_StoredMemory, EpisodeDraft):
+    kind: Literal["episode"] = "episode"
+
+    def index_text(self) -> str:
+        """Episodes are searched by their ``details`` field (paper §3.3)."""
+        return self.details
+
+    def render(self) -> str:
+        return f"({self.timestamp}) {self.title}: {self.details}"
+
+
+class RelationalTuple(_StoredMemory, TupleDraft):
+    kind: Literal["tuple"] = "tuple"
+
+    def render(self) -> str:
+        """The natural-language string that is embedded and shown to the LLM."""
+        tail = self.timestamp if not self.context else f"{self.timestamp}; {self.context}"
+        return f"{self.entity} — {self.relation} — {self.object} ({tail})"
+
+    def index_text(self) -> str:
+        return self.render()
+
+
+Memory = Episode | RelationalTuple
+
+
+# --------------------------------------------------------------------------- search results
+
+
+class Hit(_Strict):
+    memory: Episode | RelationalTuple = Field(discriminator="kind")
+    score: float
+
+
+class SearchResult(_Strict):
+    query: str
+    namespace: str
+    episodes: list[Hit] = Field(default_factory=list)
+    tuples: list[Hit] = Field(default_factory=list)
+
+    def memories(self) -> list[Episode | RelationalTuple]:
+        return [h.memory for h in self.episodes] + [h.memory for h in self.tuples]
+
+    def provenance(self) -> set[str]:
+        """Every source turn id the retrieved memories cite."""
+        return {t for m in self.memories() for t in m.source_turn_ids}

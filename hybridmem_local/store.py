@@ -1,0 +1,626 @@
+"""SQLite store: the single source of truth for sessions, memories, history and embeddings.
+
+Everything else (hnswlib and lexical indexes, LLM caches, reports) can be rebuilt from
+this file. Design choices:
+
+* One ``memories`` table for both stores (``kind`` = episode | tuple) so a memory id is
+  unique across the library: ``get``, ``delete`` and ``history`` take just an id, and the id
+  doubles as the hnswlib label.
+* Memory content is immutable once written; only ``status`` / ``superseded_by`` /
+  ``status_reason`` change. Consolidation inserts new rows instead of editing old ones, so
+  an index never holds a stale vector for a live id, and undo is a status flip.
+* Every change is a row in the append-only ``events`` table with before/after JSON.
+* WAL mode + busy timeout: concurrent readers and writers in several processes wait for
+  each other instead of failing; each session is written in one transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from hybridmem_local.schema import (
+    Episode,
+    EpisodeDraft,
+    MemoryKind,
+    MemoryStatus,
+    RelationalTuple,
+    Session,
+    Turn,
+    TupleDraft,
+    check_namespace,
+    utcnow,
+)
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE namespaces (
+        name TEXT PRIMARY KEY,
+        created_at TEXT NOT NULL,
+        sessions_since_consolidation INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        session_id TEXT NOT NULL,
+        started_at TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        curation_status TEXT NOT NULL DEFAULT 'pending'
+            CHECK (curation_status IN ('pending', 'curated', 'curation_failed', 'raw_only')),
+        curation_error TEXT,
+        prompt_version TEXT,
+        UNIQUE (namespace, session_id)
+    );
+    CREATE TABLE turns (
+        id INTEGER PRIMARY KEY,
+        session_pk INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        namespace TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        turn_id TEXT NOT NULL,
+        speaker TEXT NOT NULL,
+        text TEXT NOT NULL,
+        image_caption TEXT,
+        UNIQUE (namespace, turn_id)
+    );
+    CREATE INDEX turns_session ON turns(session_pk, position);
+    CREATE TABLE memories (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        kind TEXT NOT NULL CHECK (kind IN ('episode', 'tuple')),
+        title TEXT, summary TEXT, details TEXT,
+        entity TEXT, relation TEXT, object TEXT, context TEXT,
+        timestamp TEXT NOT NULL,
+        source_session_id TEXT,
+        source_turn_ids TEXT NOT NULL DEFAULT '[]',
+        created_at TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'superseded', 'deleted')),
+        superseded_by INTEGER REFERENCES memories(id),
+        status_reason TEXT,
+        CHECK (kind != 'episode' OR (title IS NOT NULL AND summary IS NOT NULL AND details IS NOT NULL)),
+        CHECK (kind != 'tuple' OR (entity IS NOT NULL AND relation IS NOT NULL AND object IS NOT NULL))
+    );
+    CREATE INDEX memories_ns ON memories(namespace, kind, status);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL,
+        at TEXT NOT NULL,
+        action TEXT NOT NULL,
+        memory_id INTEGER,
+        run_id INTEGER,
+        before TEXT,
+        after TEXT,
+        reason TEXT
+    );
+    CREATE INDEX events_memory ON events(memory_id);
+    CREATE INDEX events_run ON events(run_id);
+    CREATE TABLE embeddings (
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        model_id TEXT NOT NULL,
+        text_hash TEXT NOT NULL,
+        dim INTEGER NOT NULL,
+        vector BLOB NOT NULL,
+        PRIMARY KEY (namespace, model_id, text_hash)
+    );
+    CREATE TABLE consolidation_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        started_at TEXT NOT NULL,
+        finished_at TEXT,
+        status TEXT NOT NULL CHECK (status IN ('applied', 'undone')),
+        backend TEXT,
+        params TEXT NOT NULL DEFAULT '{}',
+        report TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE exports (
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (namespace, path)
+    );
+    """,
+}
+
+_MEMORY_COLUMNS = (
+    "id, namespace, kind, title, summary, details, entity, relation, object, context, timestamp, "
+    "source_session_id, source_turn_ids, created_at, status, superseded_by"
+)
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened or a write was refused; nothing was changed."""
+
+
+class NotFoundError(KeyError):
+    pass
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    namespace: str
+    at: datetime
+    action: str
+    memory_id: int | None
+    run_id: int | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    reason: str | None
+
+
+class SessionRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session: Session
+    curation_status: str
+    curation_error: str | None = None
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _owner_only(path: Path) -> None:
+    """Database files hold private conversations: readable by their owner alone."""
+    for suffix in ("", "-wal", "-shm"):
+        candidate = Path(str(path) + suffix)
+        if candidate.exists():
+            os.chmod(candidate, 0o600)
+
+
+class MemoryStore:
+    """Typed access to one SQLite database file (``":memory:"`` works for throwaway use)."""
+
+    def __init__(self, path: str | Path, busy_timeout_ms: int = 30_000):
+        self.path = Path(path) if str(path) != ":memory:" else None
+        if self.path is not None:
+            if not self.path.parent.exists():
+                raise StoreError(f"cannot open store {self.path}: directory {self.path.parent} does not exist")
+            # Create the file ourselves so it is never world-readable, even for an instant.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+        try:
+            self.conn = sqlite3.connect(
+                str(path), timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+            )
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open store {path}: {exc}") from exc
+        if self.path is not None:
+            _owner_only(self.path)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _migrate(self) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"store schema version {version} is newer than this library ({SCHEMA_VERSION}); upgrade hybridmem-local"
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            with self.transaction():
+                for statement in _split_sql(_MIGRATIONS[target]):
+                    self.conn.execute(statement)
+                self.conn.execute(f"PRAGMA user_version = {target}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic unit of work; nested calls join the outer transaction."""
+        if self.conn.in_transaction:
+            yield self.conn
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        else:
+            self.conn.execute("COMMIT")
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits (cheap staleness check for indexes)."""
+        return self.conn.execute("PRAGMA data_version").fetchone()[0]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def integrity_check(self) -> str:
+        return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+    # ------------------------------------------------------------------ namespaces
+
+    def ensure_namespace(self, namespace: str) -> None:
+        check_namespace(namespace)
+        self.conn.execute(
+            "INSERT OR IGNORE INTO namespaces (name, created_at) VALUES (?, ?)",
+            (namespace, utcnow().isoformat()),
+        )
+
+    def record_export(self, namespace: str, path: Path) -> None:
+        """Remember an export file so ``forget`` can remove it too."""
+        self.conn.execute(
+            "INSERT OR REPLACE INTO exports (namespace, path, created_at) VALUES (?, ?, ?)",
+            (namespace, str(Path(path).resolve()), utcnow().isoformat()),
+        )
+
+    def exports(self, namespace: str) -> list[Path]:
+        return [Path(r[0]) for r in self.conn.execute("SELECT path FROM exports WHERE namespace = ?", (namespace,))]
+
+    def namespaces(self) -> list[str]:
+        return [r[0] for r in self.conn.execute("SELECT name FROM namespaces ORDER BY name")]
+
+    def forget_namespace(self, namespace: str) -> dict[str, int]:
+        """Physically remove every row of a namespace (memories, sessions, turns, history, vectors)."""
+        check_namespace(namespace)
+        counts: dict[str, int] = {}
+        with self.transaction() as c:
+            for table in ("memories", "sessions", "events", "embeddings", "consolidation_runs"):
+                counts[table] = c.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", (namespace,)).fetchone()[0]
+            # Superseded pointers reference rows of the same namespace; clear them before delete.
+            c.execute("UPDATE memories SET superseded_by = NULL WHERE namespace = ?", (namespace,))
+            c.execute("DELETE FROM events WHERE namespace = ?", (namespace,))
+            c.execute("DELETE FROM turns WHERE namespace = ?", (namespace,))
+            c.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
+        # Freed pages would otherwise still hold the forgotten text on disk.
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.conn.execute("VACUUM")
+        return counts
+
+    # ------------------------------------------------------------------ sessions and turns
+
+    def insert_session(
+        self,
+        session: Session,
+        curation_status: str = "pending",
+        prompt_version: str | None = None,
+    ) -> int:
+        """Insert a session and its turns (inside the caller's transaction, if any)."""
+        with self.transaction() as c:
+            self.ensure_namespace(session.namespace)
+            if c.execute(
+                "SELECT 1 FROM sessions WHERE namespace = ? AND session_id = ?",
+                (session.namespace, session.session_id),
+            ).fetchone():
+                raise StoreError(f"session {session.session_id!r} already exists in namespace {session.namespace!r}")
+            clash = self._existing_turn_ids(session.namespace, [t.turn_id for t in session.turns])
+            if clash:
+                raise StoreError(
+                    f"session {session.session_id!r}: turn ids already used by another session of namespace "
+                    f"{session.namespace!r}: {sorted(clash)[:5]}"
+                )
+            pk = c.execute(
+                "INSERT INTO sessions (namespace, session_id, started_at, created_at, curation_status, prompt_version) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    session.namespace,
+                    session.session_id,
+                    session.started_at.isoformat(),
+                    utcnow().isoformat(),
+                    curation_status,
+                    prompt_version,
+                ),
+            ).lastrowid
+            c.executemany(
+                "INSERT INTO turns (session_pk, namespace, position, turn_id, speaker, text, image_caption) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (pk, session.namespace, i, t.turn_id, t.speaker, t.text, t.image_caption)
+                    for i, t in enumerate(session.turns)
+                ],
+            )
+            c.execute(
+                "UPDATE namespaces SET sessions_since_consolidation = sessions_since_consolidation + 1 WHERE name = ?",
+                (session.namespace,),
+            )
+            self._event(session.namespace, "add_session", None, None, None, {"session_id": session.session_id}, None)
+        return pk
+
+    def _existing_turn_ids(self, namespace: str, turn_ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(turn_ids), 500):
+            chunk = list(turn_ids[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            found.update(
+                r[0]
+                for r in self.conn.execute(
+                    f"SELECT turn_id FROM turns WHERE namespace = ? AND turn_id IN ({marks})", (namespace, *chunk)
+                )
+            )
+        return found
+
+    def has_session(self, namespace: str, session_id: str) -> bool:
+        return bool(
+            self.conn.execute(
+                "SELECT 1 FROM sessions WHERE namespace = ? AND session_id = ?", (namespace, session_id)
+            ).fetchone()
+        )
+
+    def set_curation_status(
+        self, namespace: str, session_id: str, status: str, error: str | None = None, prompt_version: str | None = None
+    ) -> None:
+        with self.transaction() as c:
+            updated = c.execute(
+                "UPDATE sessions SET curation_status = ?, curation_error = ?, prompt_version = coalesce(?, prompt_version) "
+                "WHERE namespace = ? AND session_id = ?",
+                (status, error, prompt_version, namespace, session_id),
+            ).rowcount
+            if not updated:
+                raise NotFoundError(f"no session {session_id!r} in namespace {namespace!r}")
+
+    def get_session(self, namespace: str, session_id: str) -> SessionRecord:
+        row = self.conn.execute(
+            "SELECT * FROM sessions WHERE namespace = ? AND session_id = ?", (namespace, session_id)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"no session {session_id!r} in namespace {namespace!r}")
+        return self._session_record(row)
+
+    def iter_sessions(self, namespace: str | None = None, curation_status: str | None = None) -> Iterator[SessionRecord]:
+        sql, args = "SELECT * FROM sessions WHERE 1=1", []
+        if namespace is not None:
+            sql, args = sql + " AND namespace = ?", [*args, namespace]
+        if curation_status is not None:
+            sql, args = sql + " AND curation_status = ?", [*args, curation_status]
+        for row in self.conn.execute(sql + " ORDER BY namespace, started_at, id", args).fetchall():
+            yield self._session_record(row)
+
+    def _session_record(self, row: sqlite3.Row) -> SessionRecord:
+        turns = [
+            Turn(turn_id=t["turn_id"], speaker=t["speaker"], text=t["text"], image_caption=t["image_caption"])
+            for t in self.conn.execute(
+                "SELECT turn_id, speaker, text, image_caption FROM turns WHERE session_pk = ? ORDER BY position",
+                (row["id"],),
+            )
+        ]
+        session = Session(
+            session_id=row["session_id"],
+            namespace=row["namespace"],
+            started_at=datetime.fromisoformat(row["started_at"]),
+            turns=turns,
+        )
+        return SessionRecord(
+            session=session, curation_status=row["curation_status"], curation_error=row["curation_error"]
+        )
+
+    def turn_dates(self, namespace: str) -> dict[str, datetime]:
+        """turn_id → its session's start (for provenance and evidence windows)."""
+        return {
+            r[0]: datetime.fromisoformat(r[1])
+            for r in self.conn.execute(
+                "SELECT t.turn_id, s.started_at FROM turns t JOIN sessions s ON s.id = t.session_pk WHERE t.namespace = ?",
+                (namespace,),
+            )
+        }
+
+    # ------------------------------------------------------------------ memories
+
+    def insert_memories(
+        self,
+        namespace: str,
+        memories: Iterable[EpisodeDraft | TupleDraft | Episode | RelationalTuple],
+        source_session_id: str | None = None,
+        run_id: int | None = None,
+        action: str = "add",
+    ) -> list[int]:
+        """Insert new active memories and their ``action`` events; returns the new ids."""
+        ids: list[int] = []
+        now = utcnow().isoformat()
+        with self.transaction() as c:
+            self.ensure_namespace(namespace)
+            for memory in memories:
+                data = _memory_columns(memory)
+                session_id = getattr(memory, "source_session_id", None) or source_session_id
+                memory_id = c.execute(
+                    "INSERT INTO memories (namespace, kind, title, summary, details, entity, relation, object, context, "
+                    "timestamp, source_session_id, source_turn_ids, created_at) "
+                    "VALUES (:namespace, :kind, :title, :summary, :details, :entity, :relation, :object, :context, "
+                    ":timestamp, :source_session_id, :source_turn_ids, :created_at)",
+                    {**data, "namespace": namespace, "source_session_id": session_id, "created_at": now},
+                ).lastrowid
+                ids.append(memory_id)
+                self._event(namespace, action, memory_id, run_id, None, self._memory_json(memory_id), None)
+        return ids
+
+    def set_status(
+        self,
+        memory_id: int,
+        status: MemoryStatus,
+        reason: str | None = None,
+        superseded_by: int | None = None,
+        run_id: int | None = None,
+        action: str | None = None,
+    ) -> None:
+        """Change one memory's status (the only mutation a memory ever sees), with an event."""
+        with self.transaction() as c:
+            before = self._memory_json(memory_id)
+            c.execute(
+                "UPDATE memories SET status = ?, superseded_by = ?, status_reason = ? WHERE id = ?",
+                (MemoryStatus(status).value, superseded_by, reason, memory_id),
+            )
+            self._event(
+                before["namespace"], action or MemoryStatus(status).value, memory_id, run_id, before,
+                self._memory_json(memory_id), reason,
+            )
+
+    def _memory_json(self, memory_id: int) -> dict[str, Any]:
+        row = self.conn.execute(f"SELECT {_MEMORY_COLUMNS}, status_reason FROM memories WHERE id = ?", (memory_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no memory with id {memory_id}")
+        return {k: row[k] for k in row.keys()}
+
+    def get_memory(self, memory_id: int) -> Episode | RelationalTuple:
+        row = self.conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = ?", (memory_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no memory with id {memory_id}")
+        return _row_to_memory(row)
+
+    def get_memories(self, ids: Sequence[int]) -> dict[int, Episode | RelationalTuple]:
+        out: dict[int, Episode | RelationalTuple] = {}
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            for row in self.conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN ({marks})", chunk):
+                out[row["id"]] = _row_to_memory(row)
+        return out
+
+    def list_memories(
+        self,
+        namespace: str,
+        kind: MemoryKind | None = None,
+        status: MemoryStatus | None = MemoryStatus.active,
+        limit: int | None = None,
+    ) -> list[Episode | RelationalTuple]:
+        sql, args = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = ?", [namespace]
+        if kind is not None:
+            sql, args = sql + " AND kind = ?", [*args, kind]
+        if status is not None:
+            sql, args = sql + " AND status = ?", [*args, MemoryStatus(status).value]
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql, args = sql + " LIMIT ?", [*args, int(limit)]
+        return [_row_to_memory(r) for r in self.conn.execute(sql, args)]
+
+    def active_ids(self, namespace: str, kind: MemoryKind) -> np.ndarray:
+        rows = self.conn.execute(
+            "SELECT id FROM memories WHERE namespace = ? AND kind = ? AND status = 'active' ORDER BY id",
+            (namespace, kind),
+        ).fetchall()
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
+    def counts(self, namespace: str | None = None) -> dict[str, int]:
+        where, args = ("WHERE namespace = ?", [namespace]) if namespace else ("", [])
+        out = {
+            f"{kind}s_{status}": n
+            for kind, status, n in self.conn.execute(
+                f"SELECT kind, status, count(*) FROM memories {where} GROUP BY kind, status", args
+            )
+        }
+        out["sessions"] = self.conn.execute(f"SELECT count(*) FROM sessions {where}", args).fetchone()[0]
+        out["turns"] = self.conn.execute(f"SELECT count(*) FROM turns {where}", args).fetchone()[0]
+        for status, n in self.conn.execute(
+            f"SELECT curation_status, count(*) FROM sessions {where} GROUP BY curation_status", args
+        ):
+            out[f"sessions_{status}"] = n
+        return out
+
+    # ------------------------------------------------------------------ history
+
+    def _event(
+        self,
+        namespace: str,
+        action: str,
+        memory_id: int | None,
+        run_id: int | None,
+        before: dict | None,
+        after: dict | None,
+        reason: str | None,
+    ) -> None:
+        self.conn.execute(
+            "INSERT INTO events (namespace, at, action, memory_id, run_id, before, after, reason) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                namespace,
+                utcnow().isoformat(),
+                action,
+                memory_id,
+                run_id,
+                json.dumps(before) if before is not None else None,
+                json.dumps(after) if after is not None else None,
+                reason,
+            ),
+        )
+
+    def history(self, memory_id: int) -> list[Event]:
+        return [
+            _row_to_event(r)
+            for r in self.conn.execute("SELECT * FROM events WHERE memory_id = ? ORDER BY id", (memory_id,))
+        ]
+
+    def run_events(self, run_id: int) -> list[Event]:
+        return [_row_to_event(r) for r in self.conn.execute("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))]
+
+    # ------------------------------------------------------------------ embedding cache
+
+    def get_embeddings(self, namespace: str, model_id: str, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """Cached vectors by text hash (missing texts are simply absent)."""
+        hashes = sorted({text_hash(t) for t in texts})
+        found: dict[str, np.ndarray] = {}
+        for start in range(0, len(hashes), 500):
+            chunk = hashes[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for h, dim, blob in self.conn.execute(
+                f"SELECT text_hash, dim, vector FROM embeddings WHERE namespace = ? AND model_id = ? AND text_hash IN ({marks})",
+                (namespace, model_id, *chunk),
+            ):
+                found[h] = np.frombuffer(blob, dtype=np.float32, count=dim)
+        return found
+
+    def put_embeddings(self, namespace: str, model_id: str, texts: Sequence[str], vectors: np.ndarray) -> None:
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        with self.transaction() as c:
+            self.ensure_namespace(namespace)
+            c.executemany(
+                "INSERT OR REPLACE INTO embeddings (namespace, model_id, text_hash, dim, vector) VALUES (?, ?, ?, ?, ?)",
+                [(namespace, model_id, text_hash(t), vectors.shape[1], v.tobytes()) for t, v in zip(texts, vectors)],
+            )
+
+
+def _split_sql(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def _memory_columns(memory: BaseModel) -> dict[str, Any]:
+    kind = "episode" if isinstance(memory, EpisodeDraft) else "tuple"
+    fields = ("title", "summary", "details", "entity", "relation", "object", "context")
+    data = {f: getattr(memory, f, None) for f in fields}
+    data.update(kind=kind, timestamp=memory.timestamp, source_turn_ids=json.dumps(list(memory.source_turn_ids)))
+    return data
+
+
+def _row_to_memory(row: sqlite3.Row) -> Episode | RelationalTuple:
+    common = dict(
+        id=row["id"],
+        namespace=row["namespace"],
+        timestamp=row["timestamp"],
+        source_session_id=row["source_session_id"],
+        source_turn_ids=json.loads(row["source_turn_ids"]),
+        created_at=datetime.fromisoformat(row["created_at"]),
+        status=row["status"],
+        superseded_by=row["superseded_by"],
+    )
+    if row["kind"] == "episode":
+        return Episode(title=row["title"], summary=row["summary"], details=row["details"], **common)
+    return RelationalTuple(
+        entity=row["entity"], relation=row["relation"], object=row["object"], context=row["context"] or "", **common
+    )
+
+
+def _row_to_event(row: sqlite3.Row) -> Event:
+    return Event(
+        id=row["id"],
+        namespace=row["namespace"],
+        at=datetime.fromisoformat(row["at"]),
+        action=row["action"],
+        memory_id=row["memory_id"],
+        run_id=row["run_id"],
+        before=json.loads(row["before"]) if row["before"] else None,
+        after=json.loads(row["after"]) if row["after"] else None,
+        reason=row["reason"],
+    )

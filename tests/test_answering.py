@@ -1,0 +1,175 @@
+"""Answering: the request, citation checking, failures; then SmolLM2 on a hand-made search result.
+
+The fast tests script the model's reply text (its free choice of answer and citations) to
+check the post-processing exactly; the reply is validated with the real backends'
+``check_reply``. The real SmolLM2 GGUF answers in the ``slow`` test.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Sequence
+
+import pytest
+
+from hybridmem_local.answering import ANSWER_MAX_NEW_TOKENS, AnswerDraft, answer_from_context, build_answer_request
+from hybridmem_local.config import LLMConfig
+from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
+from hybridmem_local.llm.replies import check_reply
+from hybridmem_local.retrieval import format_context
+from hybridmem_local.schema import Episode, Hit, RelationalTuple, SearchResult
+
+QUESTION_DATE = datetime(2023, 6, 20, 9, 15, tzinfo=timezone.utc)
+
+
+def search_result() -> SearchResult:
+    """Two episodes and two tuples; format_context orders each block by timestamp."""
+    episodes = [
+        Episode(id=11, namespace="alice", title="Biscuit's vet visit", summary="Checkup",
+                details="Alice took her beagle puppy Biscuit to Dr. Chen's clinic; he weighs 4.2 kg.",
+                timestamp="2023-05-09", source_turn_ids=["s1:6", "s2:1"]),
+        Episode(id=10, namespace="alice", title="Riverside 10K", summary="Bob ran a 10K",
+                details="Bob ran the Riverside 10K in Portland and finished in 52 minutes.",
+                timestamp="2023-05-07", source_turn_ids=["s1:1"]),
+    ]
+    tuples = [
+        RelationalTuple(id=20, namespace="alice", entity="Alice", relation="adopted", object="a beagle puppy named Biscuit",
+                        timestamp="2023-05-05", context="Alice told Bob about her new puppy.", source_turn_ids=["s1:4"]),
+        RelationalTuple(id=21, namespace="alice", entity="Alice", relation="moved to", object="an apartment on Oak Avenue",
+                        timestamp="2023-05-29", context="", source_turn_ids=["s3:6"]),
+    ]
+    return SearchResult(
+        query="q", namespace="alice",
+        episodes=[Hit(memory=m, score=0.9 - i / 10) for i, m in enumerate(episodes)],
+        tuples=[Hit(memory=m, score=0.8 - i / 10) for i, m in enumerate(tuples)],
+    )
+
+
+class ScriptedLLM:
+    """A StructuredLLM that replies with fixed text (validated like the real backends do)."""
+
+    model_id = "scripted:test"
+
+    def __init__(self, reply: str | LLMResult):
+        self.reply = reply
+        self.batches: list[list[LLMRequest]] = []
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        self.batches.append(list(requests))
+        if isinstance(self.reply, LLMResult):
+            return [self.reply for _ in requests]
+        results = []
+        for request in requests:
+            parsed, problem = check_reply(self.reply, request.output_schema)
+            results.append(LLMResult(text=self.reply, parsed=parsed, error=problem, prompt_tokens=321, completion_tokens=12))
+        return results
+
+
+def draft(answer: str, cited: list[str]) -> str:
+    return json.dumps({"answer": answer, "cited_memory_ids": cited})
+
+
+def test_request_shows_memories_question_and_question_date():
+    result = search_result()
+    context = format_context(result)
+    request = build_answer_request("When did Alice adopt Biscuit?", context, QUESTION_DATE, enable_thinking=False)
+    user = request.messages[-1].content
+    assert context.text in user
+    assert "[E1] (2023-05-07) Riverside 10K:" in user  # the block as format_context renders it
+    assert "Question: When did Alice adopt Biscuit?" in user
+    assert "Question date: 2023-06-20 (Tuesday)" in user
+    assert request.output_schema is AnswerDraft
+    assert request.prompt_version == "answer/v1"
+    assert request.max_new_tokens == ANSWER_MAX_NEW_TOKENS and request.enable_thinking is False
+    assert "I don't know" in request.messages[0].content
+
+
+def test_without_a_question_date_no_date_line_is_shown():
+    request = build_answer_request("Who is Biscuit?", format_context(search_result()), None, enable_thinking=False)
+    assert "Question date" not in request.messages[-1].content
+
+
+def test_thinking_requests_leave_the_token_budget_to_the_backend():
+    request = build_answer_request("Who is Biscuit?", format_context(search_result()), None, enable_thinking=True)
+    assert request.enable_thinking is True and request.max_new_tokens is None
+
+
+def test_an_empty_question_is_rejected():
+    with pytest.raises(ValueError, match="question is empty"):
+        build_answer_request("  ", format_context(search_result()), None, enable_thinking=False)
+
+
+def test_citations_resolve_to_memories_and_unknown_ones_are_dropped_and_counted():
+    result = search_result()
+    context = format_context(result)
+    llm = ScriptedLLM(draft(" 5 May 2023 ", ["T1", "e2", "[E2]", "E9", "X1", "T1"]))
+    answer = answer_from_context(llm, "When did Alice adopt Biscuit?", result, question_date=QUESTION_DATE)
+    assert answer.error is None
+    assert answer.answer == "5 May 2023"
+    assert [m.id for m in answer.cited] == [context.short_ids["T1"], context.short_ids["E2"]] == [20, 11]
+    assert answer.invalid_citations == ["E9", "X1"]
+    assert answer.cited_turn_ids == ["s1:4", "s1:6", "s2:1"]
+    assert answer.context_text == context.text
+    assert (answer.prompt_tokens, answer.completion_tokens) == (321, 12)
+    assert answer.prompt_version == "answer/v1"
+    # Exactly one LLM call, filed under the namespace for the call cache.
+    assert len(llm.batches) == 1 and len(llm.batches[0]) == 1
+    assert llm.batches[0][0].tag == "alice"
+
+
+def test_an_answer_without_memories_still_gets_one_call():
+    empty = SearchResult(query="q", namespace="alice")
+    llm = ScriptedLLM(draft("I don't know", ["E1"]))
+    answer = answer_from_context(llm, "Where does Bob live?", empty)
+    assert answer.answer == "I don't know" and answer.cited == [] and answer.invalid_citations == ["E1"]
+    assert "(no memories)" in llm.batches[0][0].messages[-1].content
+
+
+def test_a_failed_reply_gives_an_answer_with_the_error():
+    llm = ScriptedLLM(LLMResult(text="{", error="reply does not match AnswerDraft", prompt_tokens=300, completion_tokens=256))
+    answer = answer_from_context(llm, "Who is Biscuit?", search_result())
+    assert answer.answer == "" and answer.cited == []
+    assert answer.error == "reply does not match AnswerDraft"
+    assert answer.completion_tokens == 256
+
+
+def test_an_unreachable_backend_gives_an_answer_with_the_error():
+    class DownLLM(ScriptedLLM):
+        def generate(self, requests):
+            raise LLMError("connection refused")
+
+    answer = answer_from_context(DownLLM(""), "Who is Biscuit?", search_result())
+    assert answer.answer == "" and "connection refused" in answer.error
+
+
+# --------------------------------------------------------------------------- SmolLM2 (real model)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the cpu-llm extra)")
+    from hybridmem_local.llm import build_llm
+
+    return build_llm(LLMConfig(backend="llamacpp", model="smollm2-135m-instruct", context_tokens=2048))
+
+
+@pytest.mark.slow
+def test_smollm2_answers_with_valid_citations_only(smollm2):
+    result = search_result()
+    shown = set(format_context(result).short_ids)
+    answer = answer_from_context(smollm2, "What is the name of Alice's puppy?", result, question_date=QUESTION_DATE)
+    print(f"\nSmolLM2 answer: {answer.answer!r}, cited {[m.id for m in answer.cited]}, "
+          f"invalid {answer.invalid_citations}, {answer.latency_s:.2f} s, "
+          f"{answer.prompt_tokens} prompt / {answer.completion_tokens} completion tokens")
+    assert answer.error is None
+    assert answer.answer
+    memories = {m.id: m for m in result.memories()}
+    for memory in answer.cited:
+        assert memories[memory.id] == memory
+    for raw in answer.invalid_citations:
+        assert raw.strip().strip("[]").strip().upper() not in shown
+    assert answer.prompt_tokens > 0 and answer.completion_tokens > 0 and answer.latency_s > 0

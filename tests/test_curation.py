@@ -1,0 +1,383 @@
+"""Session curation: windows, one batched call, retries, checking of replies; then SmolLM2 for real.
+
+The fast tests use ``ScriptedLLM``: it stands in only for the model's free choice of content
+(which memories, which cited ids) so that the curator's own post-processing can be checked
+exactly. It validates replies with the real backends' ``check_reply`` and counts tokens as
+words. Everything about model plumbing runs on the real SmolLM2 GGUF (``slow``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Sequence
+
+import pytest
+
+from hybridmem_local.config import CurationConfig, LLMConfig
+from hybridmem_local.curation import CurationReply, Curator, normalise_timestamp
+from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
+from hybridmem_local.llm.replies import check_reply
+from hybridmem_local.prompts import load_prompt
+from hybridmem_local.schema import CurationResult, Session, Turn
+
+SESSION_DATE = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
+_TURN_LINE = re.compile(r"^\[([^\]]+)\] ", re.MULTILINE)
+
+
+def shown_turn_ids(request: LLMRequest) -> list[str]:
+    return _TURN_LINE.findall(request.messages[-1].content)
+
+
+def reply_citing(ids_for: Callable[[list[str]], list[str]], timestamp: str = "2023-05-07") -> Callable[[LLMRequest], str]:
+    """A reply with one episode and one tuple per request, citing ``ids_for(shown ids)``."""
+
+    def reply(request: LLMRequest) -> str:
+        shown = shown_turn_ids(request)
+        cited = ids_for(shown)
+        return json.dumps({
+            "episodes": [{"title": f"Talk {shown[0]}", "summary": "s", "details": "d", "timestamp": timestamp, "source_turn_ids": cited}],
+            "tuples": [{"entity": "Alice", "relation": "said", "object": shown[0], "timestamp": timestamp, "context": "c", "source_turn_ids": cited}],
+        })
+
+    return reply
+
+
+class ScriptedLLM:
+    """A StructuredLLM whose reply text comes from a function of the request."""
+
+    model_id = "scripted:test"
+
+    def __init__(self, reply: Callable[[LLMRequest], str | LLMResult]):
+        self.reply = reply
+        self.batches: list[list[LLMRequest]] = []
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        self.batches.append(list(requests))
+        results = []
+        for request in requests:
+            reply = self.reply(request)
+            if isinstance(reply, LLMResult):
+                results.append(reply)
+                continue
+            parsed, problem = check_reply(reply, request.output_schema)
+            prompt_tokens = sum(self.count_tokens(m.content) for m in request.messages)
+            results.append(LLMResult(
+                text=reply, parsed=parsed, error=problem, prompt_tokens=prompt_tokens,
+                completion_tokens=self.count_tokens(reply), latency_s=0.5,
+            ))
+        return results
+
+
+def make_session(session_id: str, texts: Sequence[str], namespace: str = "alice", started_at: datetime = SESSION_DATE) -> Session:
+    return Session(
+        session_id=session_id,
+        namespace=namespace,
+        started_at=started_at,
+        turns=[Turn(turn_id=f"{session_id}:{i}", speaker=("Alice", "Bob")[i % 2], text=t) for i, t in enumerate(texts)],
+    )
+
+
+def word_turns(n: int, words: int) -> list[str]:
+    return [" ".join(f"w{i}x{j}" for j in range(words)) for i in range(n)]
+
+
+LLM_CONFIG = LLMConfig(context_tokens=1024, max_new_tokens=300)
+
+
+def curator_for(llm, retry_rounds: int = 1, annotate: bool = True, llm_config: LLMConfig = LLM_CONFIG) -> Curator:
+    return Curator(llm, llm_config, CurationConfig(retry_rounds=retry_rounds, annotate_relative_dates=annotate))
+
+
+# --------------------------------------------------------------------------- prompt
+
+
+def test_request_shows_session_date_turn_lines_and_annotated_dates():
+    llm = ScriptedLLM(reply_citing(lambda shown: shown))
+    curator = curator_for(llm)
+    session = make_session("s1", ["I ran the 10K in Portland yesterday.", "Congrats! See you next week."])
+    [window] = curator.windows(session)
+    request = curator.request(window)
+    user = request.messages[-1].content
+    assert "Session date: 2023-05-08 (Monday) 13:56 UTC" in user
+    assert "[s1:0] Alice: I ran the 10K in Portland yesterday [2023-05-07]." in user
+    assert "[s1:1] Bob: Congrats! See you next week [week of 2023-05-15]." in user
+    assert "Part of a longer session" not in user
+    assert request.output_schema is CurationReply
+    assert request.prompt_version == load_prompt("curation").version == "curation/v1"
+    assert request.tag == "alice"
+    assert request.messages[0].role == "system" and "source_turn_ids" in request.messages[0].content
+
+
+def test_annotation_can_be_switched_off():
+    curator = curator_for(ScriptedLLM(reply_citing(lambda shown: shown)), annotate=False)
+    [window] = curator.windows(make_session("s1", ["I went yesterday."]))
+    assert "[s1:0] Alice: I went yesterday.\n" in curator.request(window).messages[-1].content + "\n"
+
+
+def test_reply_schema_constrains_timestamps_to_iso_dates():
+    schema = CurationReply.model_json_schema()
+    pattern = re.compile(schema["$defs"]["EpisodeReply"]["properties"]["timestamp"]["pattern"])
+    assert pattern.match("2023-05-07") and pattern.match("2023-05") and pattern.match("2023")
+    assert not pattern.match("last week")
+
+
+# --------------------------------------------------------------------------- windows
+
+
+def test_windows_hold_whole_turns_within_the_budget_and_cover_each_turn_once():
+    llm = ScriptedLLM(reply_citing(lambda shown: shown))
+    curator = curator_for(llm)
+    lengths = [5, 40, 12, 90, 3, 60, 60, 25, 7, 110, 15, 45]
+    session = make_session("s1", [" ".join(["word"] * n) for n in lengths])
+    windows = curator.windows(session)
+    assert len(windows) > 1
+    assert [t for w in windows for t in w.turn_ids] == [t.turn_id for t in session.turns]
+    for window in windows:
+        assert sum(llm.count_tokens(line + "\n") for line in window.lines) <= curator.turn_budget
+    # Greedy: the next window's first turn would not have fitted in the previous window.
+    for previous, following in zip(windows, windows[1:]):
+        used = sum(llm.count_tokens(line + "\n") for line in previous.lines)
+        assert used + llm.count_tokens(following.lines[0] + "\n") > curator.turn_budget
+    # Windows after the first say they are part of a longer session.
+    assert "Part of a longer session of 12 turns, starting at turn s1:" in curator.request(windows[1]).messages[-1].content
+
+
+def test_a_turn_longer_than_a_window_is_cut_to_fit():
+    curator = curator_for(ScriptedLLM(reply_citing(lambda shown: shown)))
+    long_text = " ".join(f"w{i}" for i in range(3000))
+    session = make_session("s1", ["hello", long_text, "bye"])
+    windows = curator.windows(session)
+    assert [t for w in windows for t in w.turn_ids] == ["s1:0", "s1:1", "s1:2"]
+    [cut] = [line for w in windows for line in w.lines if line.startswith("[s1:1]")]
+    assert cut.endswith(" [cut]")
+    assert curator.llm.count_tokens(cut) <= curator.turn_budget
+    assert session.turns[1].text == long_text  # the stored turn is untouched
+
+
+def test_all_windows_of_all_sessions_go_in_one_generate_call():
+    llm = ScriptedLLM(reply_citing(lambda shown: shown))
+    curator = curator_for(llm)
+    sessions = [make_session("a", word_turns(20, 40)), make_session("b", word_turns(3, 5)), make_session("c", word_turns(15, 50))]
+    expected_windows = sum(len(curator.windows(s)) for s in sessions)
+    outcomes = curator.curate(sessions)
+    assert len(llm.batches) == 1
+    assert len(llm.batches[0]) == expected_windows > 3
+    assert [o.session_id for o in outcomes] == ["a", "b", "c"]
+    for session, outcome in zip(sessions, outcomes):
+        assert outcome.ok and isinstance(outcome.result, CurationResult)
+        assert outcome.llm_calls == outcome.windows == len(curator.windows(session))
+        # One episode per window, concatenated in turn order.
+        assert [e.title for e in outcome.result.episodes] == [f"Talk {w.turn_ids[0]}" for w in curator.windows(session)]
+        assert outcome.prompt_tokens > 0 and outcome.completion_tokens > 0
+        assert outcome.seconds == pytest.approx(0.5 * outcome.llm_calls)
+
+
+# --------------------------------------------------------------------------- checking replies
+
+
+def test_cited_ids_must_name_turns_the_model_was_shown():
+    def ids_for(shown: list[str]) -> list[str]:
+        return [shown[0], f"[{shown[-1]}]", shown[0], "D1:3", "s1:999"]
+
+    llm = ScriptedLLM(reply_citing(ids_for))
+    outcome = curator_for(llm).curate([make_session("s1", ["one", "two", "three"])])[0]
+    assert outcome.ok
+    for memory in [*outcome.result.episodes, *outcome.result.tuples]:
+        assert memory.source_turn_ids == ["s1:0", "s1:2"]  # bracket stripped, repeat removed
+    assert outcome.dropped_turn_ids == ["D1:3", "s1:999"]
+
+
+def test_a_memory_without_any_valid_id_is_kept_without_provenance():
+    llm = ScriptedLLM(reply_citing(lambda shown: ["nonsense"]))
+    outcome = curator_for(llm).curate([make_session("s1", ["one", "two"])])[0]
+    assert outcome.ok and len(outcome.result.episodes) == 1
+    assert outcome.result.episodes[0].source_turn_ids == []
+    assert outcome.dropped_turn_ids == ["nonsense"]
+
+
+def test_ids_of_turns_in_another_window_are_dropped():
+    llm = ScriptedLLM(reply_citing(lambda shown: [shown[0], "s1:0"]))
+    curator = curator_for(llm)
+    session = make_session("s1", word_turns(20, 40))
+    windows = curator.windows(session)
+    assert len(windows) >= 2
+    outcome = curator.curate([session])[0]
+    assert outcome.dropped_turn_ids == ["s1:0"]  # cited by every window but the first
+    assert outcome.result.episodes[0].source_turn_ids == ["s1:0"]
+    assert outcome.result.episodes[1].source_turn_ids == [windows[1].turn_ids[0]]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2023-05-07", "2023-05-07"),
+        ("2023-05", "2023-05"),
+        ("2023", "2023"),
+        ("2023-05-07T10:00:00", "2023-05-07"),
+        ("week of 2023-05-01", "2023-05-01"),  # a copied annotation
+        ("~2023-05-05", "2023-05-05"),
+        ("May 7, 2023", "2023-05-07"),
+        ("7 May", "2023-05-07"),  # the session date fills the year
+        ("2023-02-30", None),
+        ("2023-13", None),
+        ("last week", None),
+        ("YYYY-MM-DD", None),
+        ("", None),
+    ],
+)
+def test_normalise_timestamp(value, expected):
+    assert normalise_timestamp(value, SESSION_DATE.date()) == expected
+
+
+def test_a_timestamp_that_is_no_date_falls_back_to_the_session_date():
+    llm = ScriptedLLM(reply_citing(lambda shown: shown, timestamp="2023-02-30"))
+    outcome = curator_for(llm).curate([make_session("s1", ["one"], started_at=SESSION_DATE + timedelta(days=3))])[0]
+    assert outcome.ok
+    assert outcome.result.episodes[0].timestamp == outcome.result.tuples[0].timestamp == "2023-05-11"
+    assert outcome.timestamps_defaulted == 2
+
+
+# --------------------------------------------------------------------------- failures and retries
+
+
+def fails_above(max_turns: int, ok_reply: Callable[[LLMRequest], str]) -> Callable[[LLMRequest], str | LLMResult]:
+    """Windows of more than ``max_turns`` turns fail, as a reply cut off at max_new_tokens does."""
+
+    def reply(request: LLMRequest) -> str | LLMResult:
+        if len(shown_turn_ids(request)) > max_turns:
+            return LLMResult(text='{"episodes": [', error="reply does not match CurationReply (cut off at max_new_tokens)",
+                             prompt_tokens=100, completion_tokens=300, latency_s=2.0)
+        return ok_reply(request)
+
+    return reply
+
+
+def test_failed_windows_are_resent_split_in_half_in_one_batch_per_round():
+    llm = ScriptedLLM(fails_above(2, reply_citing(lambda shown: shown)))
+    outcome = curator_for(llm, retry_rounds=2).curate([make_session("s1", [f"turn {i}" for i in range(8)])])[0]
+    assert [len(batch) for batch in llm.batches] == [1, 2, 4]
+    assert [shown_turn_ids(r) for r in llm.batches[2]] == [["s1:0", "s1:1"], ["s1:2", "s1:3"], ["s1:4", "s1:5"], ["s1:6", "s1:7"]]
+    assert outcome.ok
+    assert outcome.windows == 1 and outcome.llm_calls == 7
+    assert [e.source_turn_ids for e in outcome.result.episodes] == [["s1:0", "s1:1"], ["s1:2", "s1:3"], ["s1:4", "s1:5"], ["s1:6", "s1:7"]]
+    # The failed attempts' tokens and time are part of the cost.
+    assert outcome.completion_tokens > 3 * 300 and outcome.seconds == pytest.approx(3 * 2.0 + 4 * 0.5)
+
+
+def test_a_session_still_failing_after_the_retry_rounds_gets_an_error_and_others_are_unaffected():
+    llm = ScriptedLLM(fails_above(1, reply_citing(lambda shown: shown)))
+    sessions = [make_session("good", ["only turn"]), make_session("bad", [f"turn {i}" for i in range(8)])]
+    good, bad = curator_for(llm, retry_rounds=1).curate(sessions)
+    assert len(llm.batches) == 2  # the first attempt and one retry round
+    assert good.ok and len(good.result.episodes) == 1
+    assert bad.result is None
+    assert "turns bad:0..bad:3" in bad.error and "turns bad:4..bad:7" in bad.error
+    assert "cut off at max_new_tokens" in bad.error
+    assert bad.llm_calls == 3 and bad.prompt_version == "curation/v1"
+
+
+def test_no_retry_round_when_retry_rounds_is_zero():
+    llm = ScriptedLLM(fails_above(0, reply_citing(lambda shown: shown)))
+    [outcome] = curator_for(llm, retry_rounds=0).curate([make_session("s1", ["a", "b"])])
+    assert len(llm.batches) == 1 and outcome.error and outcome.llm_calls == 1
+
+
+def test_an_unreachable_backend_fails_the_sessions_without_raising():
+    class DownLLM(ScriptedLLM):
+        def generate(self, requests):
+            self.batches.append(list(requests))
+            raise LLMError("connection refused")
+
+    llm = DownLLM(lambda request: "")
+    outcomes = curator_for(llm).curate([make_session("s1", ["a"]), make_session("s2", ["b"])])
+    assert all(o.result is None and "connection refused" in o.error for o in outcomes)
+
+
+def test_a_context_too_small_for_the_prompt_is_a_clear_error():
+    with pytest.raises(ValueError, match="context_tokens=512.*max_new_tokens=400"):
+        curator_for(ScriptedLLM(lambda r: ""), llm_config=LLMConfig(context_tokens=512, max_new_tokens=400))
+
+
+# --------------------------------------------------------------------------- SmolLM2 (real model)
+
+
+class CountingLLM:
+    """Wraps a real backend and records the size of every generate batch."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.batches: list[int] = []
+        self.requests: list[LLMRequest] = []
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    def generate(self, requests):
+        self.batches.append(len(requests))
+        self.requests.extend(requests)
+        return self.inner.generate(requests)
+
+
+SMOLLM_CONFIG = LLMConfig(backend="llamacpp", model="smollm2-135m-instruct", context_tokens=2048, max_new_tokens=768)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the cpu-llm extra)")
+    from hybridmem_local.llm import build_llm
+
+    return build_llm(SMOLLM_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def locomo_session(locomo_path):
+    from hybridmem_local.eval.locomo import load_locomo
+
+    return load_locomo(locomo_path).conversations[0].sessions[0]
+
+
+@pytest.mark.slow
+def test_smollm2_curates_a_locomo_session_into_memories_citing_its_turns(smollm2, locomo_session):
+    llm = CountingLLM(smollm2)
+    [outcome] = Curator(llm, SMOLLM_CONFIG, CurationConfig()).curate([locomo_session])
+    print(
+        f"\nSmolLM2 curation of {locomo_session.session_id} ({len(locomo_session.turns)} turns): "
+        f"{outcome.seconds:.1f} s, {outcome.windows} window(s), {outcome.llm_calls} call(s), "
+        f"{outcome.prompt_tokens} prompt / {outcome.completion_tokens} completion tokens, "
+        f"{len(outcome.result.episodes) if outcome.result else 0} episodes, "
+        f"{len(outcome.result.tuples) if outcome.result else 0} tuples, dropped ids {outcome.dropped_turn_ids}, "
+        f"error {outcome.error}"
+    )
+    assert outcome.ok, outcome.error
+    assert llm.batches[0] == outcome.windows  # the first round is one batched call
+    result = CurationResult.model_validate(outcome.result.model_dump())
+    session_ids = {t.turn_id for t in locomo_session.turns}
+    for memory in [*result.episodes, *result.tuples]:
+        assert set(memory.source_turn_ids) <= session_ids
+        assert normalise_timestamp(memory.timestamp, locomo_session.started_at.date()) == memory.timestamp
+    assert outcome.prompt_tokens > 0 and outcome.completion_tokens > 0 and outcome.seconds > 0
+    assert outcome.llm_calls >= outcome.windows >= 1
+    assert outcome.prompt_version == "curation/v1"
+
+
+@pytest.mark.slow
+def test_smollm2_windows_of_a_small_context_partition_the_session_in_one_call(smollm2, locomo_session):
+    small = SMOLLM_CONFIG.model_copy(update={"context_tokens": 1024, "max_new_tokens": 256})
+    llm = CountingLLM(smollm2)
+    curator = Curator(llm, small, CurationConfig(retry_rounds=0))
+    windows = curator.windows(locomo_session)
+    assert len(windows) >= 2
+    assert [t for w in windows for t in w.turn_ids] == [t.turn_id for t in locomo_session.turns]
+    [outcome] = curator.curate([locomo_session])
+    assert llm.batches == [len(windows)]
+    assert outcome.llm_calls == outcome.windows == len(windows)
+    # Every window's prompt left room for the reply in the real model's context.
+    for request in llm.requests:
+        text = "\n".join(m.content for m in request.messages)
+        assert smollm2.count_tokens(text) <= small.context_tokens - small.max_new_tokens
