@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hybridmem_local.config import ConfigError, load_config
+from hybridmem_local.model_registry import ModelRegistryError
 from hybridmem_local.ingest import InputFileError, read_sessions_jsonl
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session
@@ -28,7 +29,7 @@ CONFIG_OPTION = typer.Option(None, "--config", "-c", envvar="HYBRIDMEM_CONFIG", 
 NAMESPACE_OPTION = typer.Option("default", "--namespace", "-n", help="Namespace (one user or agent).")
 
 #: Errors a user can fix: printed as one clear line, exit code 1, no traceback.
-USER_ERRORS = (InputFileError, ConfigError, StoreError, NotFoundError, ValueError, FileNotFoundError)
+USER_ERRORS = (InputFileError, ConfigError, StoreError, NotFoundError, ModelRegistryError, ValueError, FileNotFoundError)
 
 
 def _fail(exc: BaseException) -> typer.Exit:
@@ -46,20 +47,28 @@ def progress() -> Progress:
     )
 
 
-def load_sessions_file(path: Path, namespace: str | None) -> list[Session]:
-    """A LoCoMo JSON file (official format) or a JSONL of sessions, by content."""
+def load_sessions_file(path: Path, namespace: str | None, conversations: list[str] | None = None) -> list[Session]:
+    """A LoCoMo JSON file (official format) or a JSONL of sessions, told apart by content.
+
+    LoCoMo conversations go to one namespace each (their turn ids repeat across
+    conversations): the sample id, or ``NAMESPACE-sample_id`` when a namespace is given for
+    several conversations.
+    """
     if not path.exists():
         raise InputFileError(f"{path}: no such file")
-    head = path.read_bytes()[:1].lstrip()
-    if path.suffix == ".json" or head == b"[":
-        from hybridmem_local.eval.locomo import load_locomo
+    if path.read_bytes()[:64].lstrip()[:1] != b"[":
+        return read_sessions_jsonl(path, namespace)
+    from hybridmem_local.eval.locomo import load_locomo
 
-        dataset = load_locomo(path)
-        sessions = []
-        for conversation in dataset.conversations:
-            sessions.extend(conversation.sessions_in(namespace) if namespace not in (None, "default") else conversation.sessions)
-        return sessions
-    return read_sessions_jsonl(path, namespace)
+    selected = load_locomo(path).conversations
+    if conversations:
+        unknown = set(conversations) - {c.sample_id for c in selected}
+        if unknown:
+            raise InputFileError(f"{path}: no conversation {sorted(unknown)} (has {[c.sample_id for c in selected]})")
+        selected = [c for c in selected if c.sample_id in conversations]
+    if namespace is not None:
+        selected = [c.in_namespace(namespace if len(selected) == 1 else f"{namespace}-{c.sample_id}") for c in selected]
+    return [s for c in selected for s in c.sessions]
 
 
 @app.callback()
@@ -71,13 +80,14 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what 
 def ingest(
     path: Path = typer.Argument(..., help="LoCoMo JSON (official format) or sessions JSONL."),
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Store every session here (LoCoMo default: one namespace per conversation)."),
+    conversation: Optional[list[str]] = typer.Option(None, "--conversation", help="LoCoMo sample ids to ingest (default: all)."),
     db: Path = DB_OPTION,
     config: Optional[Path] = CONFIG_OPTION,
     curate: bool = typer.Option(True, "--curate/--no-curate", help="Curate memories with the configured LLM."),
 ) -> None:
     """Store sessions (raw turns, then curated memories)."""
     try:
-        sessions = load_sessions_file(path, namespace)
+        sessions = load_sessions_file(path, namespace, conversation)
         with _open(db, config) as memory:
             started = time.perf_counter()
             report = memory.ingest(sessions, curate=curate, progress=progress())
@@ -169,6 +179,114 @@ def forget(
             console.print_json(json.dumps(memory.forget(namespace)))
     except USER_ERRORS as exc:
         raise _fail(exc)
+
+
+@app.command()
+def curate(
+    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Only this namespace."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Also retry sessions whose curation failed."),
+    db: Path = DB_OPTION,
+    config: Optional[Path] = CONFIG_OPTION,
+) -> None:
+    """Curate stored sessions that are not curated yet."""
+    try:
+        with _open(db, config) as memory:
+            started = time.perf_counter()
+            report = memory.curate_pending(namespace, retry_failed=retry_failed, progress=progress())
+    except USER_ERRORS as exc:
+        raise _fail(exc)
+    console.print(
+        f"curated {report.curated} sessions ({report.failed} failed) into {report.memories} memories "
+        f"with {report.llm_calls} LLM calls in {time.perf_counter() - started:.1f}s"
+    )
+
+
+@app.command()
+def ask(
+    question: str = typer.Argument(...),
+    namespace: str = NAMESPACE_OPTION,
+    k: Optional[int] = typer.Option(None, "--k"),
+    as_json: bool = typer.Option(False, "--json"),
+    db: Path = DB_OPTION,
+    config: Optional[Path] = CONFIG_OPTION,
+) -> None:
+    """Answer a question from the namespace's memories (one LLM call)."""
+    try:
+        with _open(db, config) as memory:
+            answer = memory.answer(question, namespace=namespace, k=k)
+    except USER_ERRORS as exc:
+        raise _fail(exc)
+    if as_json:
+        console.print_json(answer.model_dump_json())
+    else:
+        print_answer(answer)
+
+
+def print_answer(answer) -> None:
+    console.print(f"[bold]Q:[/] {answer.question}")
+    console.print(f"[bold]A:[/] {answer.answer or '(no answer)'}" + (f"  [red]({answer.error})[/]" if answer.error else ""))
+    for memory in answer.cited:
+        console.print(f"  cites #{memory.id}: {memory.render()}  [dim]turns {', '.join(memory.source_turn_ids) or '-'}[/]")
+    console.print(f"[dim]{answer.prompt_tokens} prompt tokens, {answer.latency_s:.1f}s[/]")
+
+
+DEMO_SESSIONS = Path(__file__).parent / "examples" / "demo_sessions.jsonl"
+
+
+@app.command()
+def demo(
+    db: Path = typer.Option(Path("runs/demo/memory.db"), "--db", help="Where the demo store goes."),
+    question: list[str] = typer.Option(
+        ["How long did Bob need for the Riverside 10K?", "What is the name of Alice's puppy?"], "--question", "-q"
+    ),
+    config: Optional[Path] = CONFIG_OPTION,
+) -> None:
+    """The main job on the embedded default, offline: ingest + curate a small conversation, then answer."""
+    from hybridmem_local.ingest import read_sessions_jsonl
+
+    started = time.perf_counter()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        sessions = read_sessions_jsonl(DEMO_SESSIONS, "demo")
+        with _open(db, config) as memory:
+            console.print(f"[bold]LLM:[/] {memory.config.llm.backend}:{memory.config.llm.model}  "
+                          f"[bold]embedder:[/] {memory.config.embedder.model}  [bold]store:[/] {db}")
+            report = memory.ingest(sessions, progress=progress())
+            console.print(
+                f"curated {report.curated} sessions into {report.memories} memories "
+                f"({report.llm_calls} LLM calls, {report.prompt_tokens} prompt / {report.completion_tokens} completion tokens; "
+                f"{report.skipped} sessions already stored)"
+            )
+            for q in question:
+                print_answer(memory.answer(q, namespace="demo"))
+    except USER_ERRORS as exc:
+        raise _fail(exc)
+    console.print(f"done in {time.perf_counter() - started:.1f}s")
+
+
+@app.command()
+def doctor(
+    config: Optional[Path] = CONFIG_OPTION,
+    verify: bool = typer.Option(False, "--verify", help="Also recompute model checksums."),
+) -> None:
+    """Resolved models, backends (CPU/GPU, cuML, vLLM), the config in force, offline mode."""
+    from hybridmem_local.offline import doctor_report, enforce_offline, print_doctor
+
+    try:
+        cfg = load_config(config)
+    except USER_ERRORS as exc:
+        raise _fail(exc)
+    enforce_offline(cfg.offline.allow_network)
+    print_doctor(doctor_report(cfg, verify=verify), console)
+
+
+def _mount_subcommands() -> None:
+    from hybridmem_local.cli_models import app as models_app
+
+    app.add_typer(models_app, name="models", help="Model manifest: list, verify, download, bundle, install-bundle.")
+
+
+_mount_subcommands()
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -37,10 +37,49 @@ class IndexConfig(_Section):
     initial_capacity: int = Field(default=1024, ge=16)
 
 
+class FusionWeights(_Section):
+    """Per-ranking weights of reciprocal rank fusion (1 and 1: plain RRF)."""
+
+    dense: float = Field(default=1.0, ge=0.0)
+    lexical: float = Field(default=1.0, ge=0.0)
+
+
 class RetrievalConfig(_Section):
     #: Top-k episodes and top-(tuple_multiplier * k) tuples (paper §3.3: k = 10, 2k tuples).
     k: int = Field(default=10, ge=1)
     tuple_multiplier: int = Field(default=2, ge=0)
+    #: dense = the paper (§3.3); lexical = BM25 alone; hybrid = reciprocal rank fusion of both,
+    #: per store. hybrid is the default: on the LoCoMo dev conversations it puts all evidence
+    #: turns of more questions in the context at every budget than dense alone, for raw windows
+    #: and curated-fact stand-ins alike (scripts/bench_retrieval_budget.py, docs/retrieval.md),
+    #: for well under a millisecond per query.
+    mode: Literal["dense", "lexical", "hybrid"] = "hybrid"
+    #: RRF's constant (Cormack et al. 2009).
+    rrf_k: int = Field(default=60, ge=1)
+    weights: FusionWeights = Field(default_factory=FusionWeights)
+    #: The stores searched; "windows" adds raw-turn evidence windows (the rag baseline's memory).
+    sources: list[Literal["episodes", "tuples", "windows"]] = Field(
+        default_factory=lambda: ["episodes", "tuples"], min_length=1
+    )
+    #: Evidence windows: turns per window and turns between window starts (within one session).
+    window_size: int = Field(default=3, ge=1)
+    window_stride: int = Field(default=1, ge=1)
+    #: How deep each ranking goes before fusion, and the candidate pool of budget mode.
+    candidate_depth: int = Field(default=100, ge=1)
+    #: Tokens of the answer model's tokenizer to fill with context, in fused rank order across
+    #: sources; None keeps the paper's fixed k / 2k selection.
+    context_budget: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _check_windows(self) -> RetrievalConfig:
+        if len(set(self.sources)) != len(self.sources):
+            raise ValueError(f"retrieval.sources lists a store twice: {self.sources}")
+        if self.window_stride > self.window_size:
+            raise ValueError(
+                f"retrieval.window_stride ({self.window_stride}) is larger than window_size ({self.window_size}): "
+                "turns between windows would never be searched"
+            )
+        return self
 
 
 class LLMConfig(_Section):
@@ -81,6 +120,8 @@ class CurationConfig(_Section):
     mode: Literal["sync", "queue"] = "sync"
     #: Annotate relative dates ("yesterday") with their absolute date before the LLM sees them.
     annotate_relative_dates: bool = True
+    #: Sessions curated per batched LLM call (vLLM batches them; progress updates per batch).
+    batch_sessions: int = Field(default=8, ge=1)
     #: Extra batched rounds for windows whose reply failed: each is re-sent split in half
     #: (a shorter window fits the context and its reply fits max_new_tokens).
     retry_rounds: int = Field(default=1, ge=0)

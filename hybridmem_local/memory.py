@@ -16,15 +16,19 @@ import json
 import logging
 import os
 import shutil
+from contextlib import nullcontext as _nullcontext
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.config import Config, load_config
+from hybridmem_local.llm.base import StructuredLLM
 from hybridmem_local.embedding import Embedder, build_embedder
 from hybridmem_local.index import SyncReport, VectorIndex
+from hybridmem_local.lexical import MemoryLexicalIndexes
 from hybridmem_local.retrieval import Retriever
 from hybridmem_local.schema import (
     Episode,
@@ -38,6 +42,12 @@ from hybridmem_local.schema import (
     check_namespace,
 )
 from hybridmem_local.store import Event, MemoryStore, NotFoundError, SessionRecord, StoreError, text_hash
+from hybridmem_local.windows import WindowSources
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from hybridmem_local.answering import Answer
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +62,46 @@ class Stats(BaseModel):
     index_sizes: dict[str, int]
 
 
+class IngestReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    stored: int = 0
+    #: Sessions already in the store (ingest is idempotent per session id).
+    skipped: int = 0
+    curated: int = 0
+    failed: int = 0
+    memories: int = 0
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    llm_seconds: float = 0.0
+    #: Consolidation runs triggered by ``consolidation.every_n_sessions``.
+    consolidation_runs: list[int] = []
+
+
 class HybridMemory:
-    def __init__(self, store: MemoryStore, config: Config, embedder: Embedder | None = None):
+    def __init__(
+        self, store: MemoryStore, config: Config, embedder: Embedder | None = None, llm: StructuredLLM | None = None
+    ):
         self.store = store
         self.config = config
         self._embedder = embedder
+        self._llm = llm
         self._indexes: dict[tuple[str, MemoryKind], VectorIndex] = {}
         self._seen_data_version = store.data_version()
-        self.retriever = Retriever(store, self.index_for, self.embed_query)
+        # --- hybrid retrieval (lexical.py, windows.py): BM25 indexes and raw-turn evidence windows,
+        # each a rebuildable cache of SQLite that catches up on use.
+        self.lexical = MemoryLexicalIndexes(store, self._index_dir)
+        self.windows = WindowSources(
+            store, self._index_dir, config.index,
+            shape=lambda: (self.config.retrieval.window_size, self.config.retrieval.window_stride),
+            embedder_id=lambda: (self.embedder.model_id, self.embedder.dimension),
+            embed=self._embed_cached,
+        )
+        self.retriever = Retriever(
+            store, self.index_for, self.embed_query, config.retrieval, self.lexical.get, self.windows.get
+        )
+        # --- end hybrid retrieval
 
     @classmethod
     def open(
@@ -67,12 +109,17 @@ class HybridMemory:
         path: str | Path,
         config: Config | str | Path | None = None,
         embedder: Embedder | None = None,
+        llm: StructuredLLM | None = None,
     ) -> HybridMemory:
-        """Open (or create) a store. ``config`` is a Config, a YAML path, or None for defaults."""
+        """Open (or create) a store. ``config`` is a Config, a YAML path, or None for defaults.
+
+        ``embedder`` and ``llm`` override the configured backends (both are otherwise built
+        lazily, on first use, from the config).
+        """
         if not isinstance(config, Config):
             config = load_config(config)
         store = MemoryStore(path, busy_timeout_ms=config.store.busy_timeout_ms)
-        return cls(store, config, embedder)
+        return cls(store, config, embedder, llm)
 
     def __enter__(self) -> HybridMemory:
         return self
@@ -82,6 +129,8 @@ class HybridMemory:
 
     def close(self) -> None:
         self.flush()
+        if self._llm is not None and hasattr(self._llm, "close"):
+            self._llm.close()
         self.store.close()
 
     def flush(self) -> None:
@@ -96,6 +145,19 @@ class HybridMemory:
         if self._embedder is None:
             self._embedder = build_embedder(self.config.embedder)
         return self._embedder
+
+    @property
+    def llm(self) -> StructuredLLM:
+        """The configured LLM, wrapped in the on-disk call cache beside the store."""
+        if self._llm is None:
+            from hybridmem_local.llm import build_llm
+
+            cache = self._llm_cache_path() if self.store.path is not None else None
+            self._llm = build_llm(self.config.llm, cache_path=cache)
+        return self._llm
+
+    def _llm_cache_path(self) -> Path:
+        return Path(str(self.store.path) + ".llm_cache.sqlite")
 
     def embed_query(self, text: str) -> np.ndarray:
         return self.embedder.embed([text])[0]
@@ -153,6 +215,8 @@ class HybridMemory:
             self._indexes[(namespace, kind)] = index
             reports[kind] = self._sync(namespace, kind)
             index.save()
+        self.lexical.drop(namespace)  # hybrid retrieval: BM25 and window indexes rebuild on next use
+        self.windows.drop(namespace)
         return reports
 
     def _drop_index(self, namespace: str, kind: MemoryKind) -> None:
@@ -177,9 +241,87 @@ class HybridMemory:
     # ------------------------------------------------------------------ writes
 
     def add_session(self, session: Session) -> SessionRecord:
-        """Store a session's raw turns in one transaction (they stay the source of provenance)."""
-        self.store.insert_session(session, curation_status="pending")
+        """Store one session and curate it (or queue it: ``curation.mode``); see ``ingest``."""
+        self.ingest([session])
         return self.store.get_session(session.namespace, session.session_id)
+
+    def ingest(self, sessions: Sequence[Session], curate: bool = True, progress: Progress | None = None) -> IngestReport:
+        """Store sessions and curate them in batches (one batched LLM call per batch).
+
+        Each session is written in one transaction together with its memories. A session
+        whose curation fails is stored with status ``curation_failed`` (raw turns kept) and
+        can be retried with ``curate_pending(retry_failed=True)``. Sessions already present
+        are skipped, so an interrupted ingest can simply be run again.
+        """
+        report = IngestReport()
+        new = [s for s in sessions if not self.store.has_session(s.namespace, s.session_id)]
+        report.skipped = len(sessions) - len(new)
+        curate = curate and self.config.curation.mode == "sync"
+        if not curate:
+            for session in new:
+                self.store.insert_session(session, curation_status="pending")
+            report.stored = len(new)
+            return report
+        self._curate_and_store(new, already_stored=False, report=report, progress=progress)
+        report.consolidation_runs = self._scheduled_consolidation({s.namespace for s in new})
+        return report
+
+    def curate_pending(self, namespace: str | None = None, retry_failed: bool = False, progress: Progress | None = None) -> IngestReport:
+        """Curate sessions stored raw (``pending``), and failed ones too with ``retry_failed``."""
+        statuses = ["pending"] + (["curation_failed"] if retry_failed else [])
+        sessions = [r.session for status in statuses for r in self.store.iter_sessions(namespace, status)]
+        report = IngestReport()
+        self._curate_and_store(sessions, already_stored=True, report=report, progress=progress)
+        report.consolidation_runs = self._scheduled_consolidation({s.namespace for s in sessions})
+        return report
+
+    def _curate_and_store(self, sessions: Sequence[Session], already_stored: bool, report: IngestReport, progress: Progress | None) -> None:
+        from hybridmem_local.curation import Curator
+
+        curator = Curator(self.llm, self.config.llm, self.config.curation)
+        batch = self.config.curation.batch_sessions
+        task = progress.add_task("curating sessions", total=len(sessions)) if progress else None
+        with progress or _nullcontext():
+            for start in range(0, len(sessions), batch):
+                chunk = sessions[start : start + batch]
+                for session, outcome in zip(chunk, curator.curate(chunk)):
+                    report.llm_calls += outcome.llm_calls
+                    report.prompt_tokens += outcome.prompt_tokens
+                    report.completion_tokens += outcome.completion_tokens
+                    report.llm_seconds += outcome.seconds
+                    if outcome.ok and outcome.result is not None:
+                        ids = self.add_memories(
+                            session.namespace,
+                            episodes=outcome.result.episodes,
+                            tuples=outcome.result.tuples,
+                            session=None if already_stored else session,
+                            source_session_id=session.session_id,
+                            prompt_version=outcome.prompt_version,
+                        )
+                        report.memories += len(ids)
+                        report.curated += 1
+                    else:
+                        log.warning("curation of session %s failed: %s", session.session_id, outcome.error)
+                        if already_stored:
+                            self.store.set_curation_status(session.namespace, session.session_id, "curation_failed", outcome.error)
+                        else:
+                            self.store.insert_session(session, curation_status="curation_failed", curation_error=outcome.error)
+                        report.failed += 1
+                    report.stored += 0 if already_stored else 1
+                if task is not None:
+                    progress.advance(task, len(chunk))
+
+    def _scheduled_consolidation(self, namespaces: set[str]) -> list[int]:
+        if self.config.consolidation.every_n_sessions == 0:
+            return []
+        from hybridmem_local.consolidation import maybe_consolidate
+
+        runs = []
+        for namespace in sorted(namespaces):
+            report = maybe_consolidate(self, namespace, self.llm)
+            if report is not None and report.run_id is not None:
+                runs.append(report.run_id)
+        return runs
 
     def add_memories(
         self,
@@ -187,13 +329,15 @@ class HybridMemory:
         episodes: Iterable[EpisodeDraft] = (),
         tuples: Iterable[TupleDraft] = (),
         session: Session | None = None,
-        curation_status: str = "curated",
+        source_session_id: str | None = None,
         prompt_version: str | None = None,
     ) -> list[int]:
-        """Store memories (and, if given, the session they came from) in one transaction.
+        """Store memories (and, if given, the new session they came from) in one transaction.
 
         Embeddings are computed before the transaction, so a failure there changes nothing.
-        Every ``source_turn_ids`` entry must name a turn of this namespace.
+        Every ``source_turn_ids`` entry must name a turn of this namespace. With
+        ``source_session_id`` naming a stored session, that session is marked curated in the
+        same transaction.
         """
         check_namespace(namespace)
         memories = [*episodes, *tuples]
@@ -205,10 +349,13 @@ class HybridMemory:
         cached = self.store.get_embeddings(namespace, model_id, texts)
         missing = sorted({t for t in texts if text_hash(t) not in cached})
         vectors = self.embedder.embed(missing)
+        source_session_id = session.session_id if session is not None else source_session_id
         with self.store.transaction():
             if session is not None:
-                self.store.insert_session(session, curation_status=curation_status, prompt_version=prompt_version)
-            ids = self.store.insert_memories(namespace, memories, source_session_id=session.session_id if session else None)
+                self.store.insert_session(session, curation_status="curated", prompt_version=prompt_version)
+            elif source_session_id is not None:
+                self.store.set_curation_status(namespace, source_session_id, "curated", prompt_version=prompt_version)
+            ids = self.store.insert_memories(namespace, memories, source_session_id=source_session_id)
             self.store.put_embeddings(namespace, model_id, missing, vectors)
         self._apply_to_indexes(namespace, added=list(self.store.get_memories(ids).values()))
         return ids
@@ -237,12 +384,18 @@ class HybridMemory:
         counts = self.store.forget_namespace(namespace)
         for kind in KINDS:
             self._drop_index(namespace, kind)
+        self.lexical.drop(namespace)  # hybrid retrieval: BM25 and window indexes
+        self.windows.drop(namespace)
         index_dir = self._index_dir(namespace) if self.store.path is not None else None
         if index_dir is not None and index_dir.exists():
             shutil.rmtree(index_dir)
         for path in exports:
             path.unlink(missing_ok=True)
         counts["exports"] = len(exports)
+        if self.store.path is not None:
+            from hybridmem_local.llm.cache import forget_tag
+
+            counts["llm_cache"] = forget_tag(self._llm_cache_path(), namespace)
         self._seen_data_version = self.store.data_version()
         return counts
 
@@ -255,6 +408,15 @@ class HybridMemory:
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         return self.retriever.search(query, namespace, k, self.config.retrieval.tuple_multiplier * k)
+
+    def answer(
+        self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
+    ) -> Answer:
+        """Retrieve (top-k episodes + top-2k tuples) and answer with one LLM call."""
+        from hybridmem_local.answering import answer_from_context
+
+        result = self.search(question, namespace=namespace, k=k)
+        return answer_from_context(self.llm, question, result, question_date, enable_thinking=self.config.llm.enable_thinking)
 
     def get(self, memory_id: int) -> Episode | RelationalTuple:
         return self.store.get_memory(memory_id)

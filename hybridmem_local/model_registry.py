@@ -517,12 +517,18 @@ def download(
     models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
     staging = models_dir / f".download-{name}"
     staging.mkdir(parents=True, exist_ok=True)
-    huggingface_hub.snapshot_download(
-        repo_id=entry.hub_id,
-        revision=entry.revision,
-        local_dir=staging,
-        allow_patterns=[f.path for f in entry.files],
-    )
+    try:
+        huggingface_hub.snapshot_download(
+            repo_id=entry.hub_id,
+            revision=entry.revision,
+            local_dir=staging,
+            allow_patterns=[f.path for f in entry.files],
+        )
+    except OSError as exc:  # every hub and connection error is an OSError
+        raise ModelRegistryError(
+            f"downloading {name!r} ({entry.hub_id}@{entry.revision}) failed: {exc}\n"
+            f"Files fetched so far stay in {staging}; run the command again to resume."
+        ) from exc
     try:
         report = verify_directory(entry, staging, "models_dir", hash_files=True, raise_on_failure=True)
     except ModelVerificationError:

@@ -181,6 +181,38 @@ class RelationalTuple(_StoredMemory, TupleDraft):
 Memory = Episode | RelationalTuple
 
 
+# --------------------------------------------------------------------------- evidence windows
+
+
+class EvidenceWindow(_Strict):
+    """Consecutive raw turns of one session, searched as one text (see ``windows.py``)."""
+
+    #: The turns-table key of the window's first turn (its hnswlib and BM25 label).
+    id: int
+    namespace: str
+    session_id: str
+    session_date: AwareDatetime
+    #: Position of the first turn within its session (windows of a session can then be merged).
+    start: int = Field(ge=0)
+    turns: list[Turn] = Field(min_length=1)
+
+    @property
+    def turn_ids(self) -> list[str]:
+        return [t.turn_id for t in self.turns]
+
+    def index_text(self) -> str:
+        """What is embedded and BM25-indexed: speaker-prefixed lines, without turn ids or dates."""
+        return "\n".join(turn_line(t) for t in self.turns)
+
+
+def turn_line(turn: Turn) -> str:
+    """A turn as the answer model sees it inside a window (``Turn.render`` without the id)."""
+    line = f"{turn.speaker}: {turn.text}".rstrip()
+    if turn.image_caption:
+        line += f" [shares an image: {turn.image_caption}]"
+    return line
+
+
 # --------------------------------------------------------------------------- search results
 
 
@@ -189,15 +221,24 @@ class Hit(_Strict):
     score: float
 
 
+class WindowHit(_Strict):
+    window: EvidenceWindow
+    score: float
+
+
 class SearchResult(_Strict):
     query: str
     namespace: str
     episodes: list[Hit] = Field(default_factory=list)
     tuples: list[Hit] = Field(default_factory=list)
+    #: Raw-turn evidence windows, when ``retrieval.sources`` includes them.
+    windows: list[WindowHit] = Field(default_factory=list)
 
     def memories(self) -> list[Episode | RelationalTuple]:
         return [h.memory for h in self.episodes] + [h.memory for h in self.tuples]
 
     def provenance(self) -> set[str]:
-        """Every source turn id the retrieved memories cite."""
-        return {t for m in self.memories() for t in m.source_turn_ids}
+        """Every source turn id the retrieved memories cite, and every turn of the windows."""
+        return {t for m in self.memories() for t in m.source_turn_ids} | {
+            t for h in self.windows for t in h.window.turn_ids
+        }

@@ -57,7 +57,7 @@ _MIGRATIONS: dict[int, str] = {
         started_at TEXT NOT NULL,
         created_at TEXT NOT NULL,
         curation_status TEXT NOT NULL DEFAULT 'pending'
-            CHECK (curation_status IN ('pending', 'curated', 'curation_failed', 'raw_only')),
+            CHECK (curation_status IN ('pending', 'curated', 'curation_failed')),
         curation_error TEXT,
         prompt_version TEXT,
         UNIQUE (namespace, session_id)
@@ -290,6 +290,7 @@ class MemoryStore:
         session: Session,
         curation_status: str = "pending",
         prompt_version: str | None = None,
+        curation_error: str | None = None,
     ) -> int:
         """Insert a session and its turns (inside the caller's transaction, if any)."""
         with self.transaction() as c:
@@ -306,8 +307,8 @@ class MemoryStore:
                     f"{session.namespace!r}: {sorted(clash)[:5]}"
                 )
             pk = c.execute(
-                "INSERT INTO sessions (namespace, session_id, started_at, created_at, curation_status, prompt_version) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sessions (namespace, session_id, started_at, created_at, curation_status, prompt_version, "
+                "curation_error) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     session.namespace,
                     session.session_id,
@@ -315,6 +316,7 @@ class MemoryStore:
                     utcnow().isoformat(),
                     curation_status,
                     prompt_version,
+                    curation_error,
                 ),
             ).lastrowid
             c.executemany(

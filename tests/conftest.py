@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.no_egress import no_egress  # noqa: F401  (fixture re-exported for every test module)
-
 REPO = Path(__file__).resolve().parents[1]
 LOCOMO_DEV = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"
 

@@ -101,7 +101,7 @@ def test_key_covers_everything_that_changes_the_reply(tiny_llm, tmp_path):
 
 
 def test_failures_are_not_cached(tiny_llm, tmp_path):
-    class Strict(BaseModel):  # the constraint allows only "true"; the validator then refuses it
+    class Strict(BaseModel):  # well-formed replies that never validate: every call fails
         done: bool
 
         def model_post_init(self, _context):
@@ -155,6 +155,7 @@ KILLED_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a subprocess loads torch and the model (~15 s)
 def test_run_killed_half_way_resumes_with_identical_results(tiny_llm, tiny_folder, tmp_path):
     total, done_before_kill = 5, 2
     path = tmp_path / "cache.sqlite"

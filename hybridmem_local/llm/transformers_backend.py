@@ -102,12 +102,11 @@ class TransformersLLM(ChatBackend):
         inputs = self._tokenizer(
             [self._prompt(r) for r in requests], padding=True, add_special_tokens=False, return_tensors="pt"
         )
-        sampling = (
-            {"do_sample": True, "temperature": self.config.temperature}
-            if self.config.temperature > 0
-            else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-        )
-        torch.manual_seed(self.config.seed)
+        if self.config.temperature > 0:
+            torch.manual_seed(self.config.seed)
+            sampling = {"do_sample": True, "temperature": self.config.temperature}
+        else:  # greedy; unset the model's own sampling defaults so transformers does not warn
+            sampling = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         start = time.perf_counter()
         with torch.inference_mode():
             output = self._model.generate(

@@ -1,0 +1,199 @@
+"""Context assembly: a search result rendered as the memory block of an answer prompt.
+
+Two selections:
+
+* fixed (default): everything the search returned — the paper's top-k episodes and top-2k
+  tuples (and top-k windows when windows are a source);
+* budget: as much as fits a number of tokens of the answer model's tokenizer, taken in fused
+  rank order across stores (reciprocal rank fusion of the stores' own rankings, so the i-th
+  hit of every store comes before the (i+1)-th of any), skipping what no longer fits.
+
+Raw-turn windows that overlap or touch are merged into one block, so a turn is shown — and
+paid for — once; each session's turns appear under one date header instead of a date on every
+line. Everything is rendered in chronological order, whatever order it was selected in. The
+result reports the tokens used and the exact provenance covered (turn ids).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hybridmem_local.fusion import DEFAULT_RRF_K, reciprocal_rank_fusion
+from hybridmem_local.schema import EvidenceWindow, Hit, SearchResult, Turn, turn_line
+
+CountTokens = Callable[[str], int]
+
+_SECTIONS = (("E", "Episodic memories"), ("T", "Relational memories"), ("W", "Conversation excerpts"))
+NO_MEMORIES = "(no memories)"
+
+
+class RenderedContext(BaseModel):
+    """The memory block an answer prompt shows, the short ids it uses and what it covers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    #: Short id shown to the LLM ("E1", "T4") → memory id.
+    short_ids: dict[str, int]
+    #: Short id of a block of raw turns ("W1") → the turn ids it shows. Window ids are not
+    #: memory ids, so they never share ``short_ids``.
+    window_turns: dict[str, list[str]] = Field(default_factory=dict)
+    #: Provenance covered: every source turn of the memories shown, then every turn shown.
+    turn_ids: list[str] = Field(default_factory=list)
+    #: Tokens of ``text`` in the answer model's tokenizer (None when no counter was given).
+    tokens: int | None = None
+
+
+class _Item(NamedTuple):
+    prefix: Literal["E", "T", "W"]
+    hit: Hit | EvidenceWindow
+
+
+def assemble_context(
+    result: SearchResult,
+    budget: int | None = None,
+    count_tokens: CountTokens | None = None,
+) -> RenderedContext:
+    """Render ``result`` whole, or fill ``budget`` tokens (``count_tokens`` then required)."""
+    candidates = _fused_order(result)
+    if budget is None:
+        chosen = candidates
+    else:
+        if count_tokens is None:
+            raise ValueError("a context budget needs count_tokens (the answer model's tokenizer)")
+        if budget < 1:
+            raise ValueError(f"context budget must be at least 1 token, got {budget}")
+        chosen = _fill(candidates, budget, _CachedCounter(count_tokens))
+    rendered = _render(chosen)
+    if count_tokens is not None:
+        rendered.tokens = count_tokens(rendered.text)
+        # Counting line by line can miss a token or two at line joins: drop the last pick until it fits.
+        while budget is not None and rendered.tokens > budget and chosen:
+            chosen = chosen[:-1]
+            rendered = _render(chosen)
+            rendered.tokens = count_tokens(rendered.text)
+    return rendered
+
+
+def _fused_order(result: SearchResult) -> list[_Item]:
+    """Every hit, in fused rank order across stores."""
+    items = {
+        "episodes": [_Item("E", h) for h in result.episodes],
+        "tuples": [_Item("T", h) for h in result.tuples],
+        "windows": [_Item("W", h.window) for h in result.windows],
+    }
+    keyed = {name: [(item.prefix, _item_id(item)) for item in group] for name, group in items.items()}
+    by_key = {key: item for name in items for key, item in zip(keyed[name], items[name])}
+    return [by_key[key] for key, _ in reciprocal_rank_fusion(keyed, k=DEFAULT_RRF_K)]
+
+
+def _item_id(item: _Item) -> int:
+    return item.hit.id if isinstance(item.hit, EvidenceWindow) else item.hit.memory.id
+
+
+class _CachedCounter:
+    def __init__(self, count_tokens: CountTokens):
+        self._count = count_tokens
+        self._cache: dict[str, int] = {}
+
+    def __call__(self, text: str) -> int:
+        if text not in self._cache:
+            self._cache[text] = self._count(text)
+        return self._cache[text]
+
+
+def _fill(candidates: list[_Item], budget: int, count: _CachedCounter) -> list[_Item]:
+    """Greedy first-fit in rank order; a window pays only for the turns not shown yet."""
+    chosen: list[_Item] = []
+    used = 0
+    sections: set[str] = set()
+    shown: dict[str, set[int]] = defaultdict(set)  # session id → positions already shown
+    for item in candidates:
+        cost = 0 if item.prefix in sections else count(_section_header(item.prefix, first=not sections))
+        if isinstance(item.hit, EvidenceWindow):
+            window = item.hit
+            positions = range(window.start, window.start + len(window.turns))
+            new = [(p, t) for p, t in zip(positions, window.turns) if p not in shown[window.session_id]]
+            if not new:
+                continue
+            if not shown[window.session_id]:
+                cost += count(_session_header(window) + "\n")
+            touches = any(p - 1 in shown[window.session_id] or p + 1 in shown[window.session_id] for p in positions)
+            cost += count("[W1] ") * (not touches) + sum(count(turn_line(t) + "\n") for _, t in new)
+        else:
+            cost += count(f"[{item.prefix}1] {item.hit.memory.render()}\n")
+        if used + cost > budget:
+            continue
+        used += cost
+        sections.add(item.prefix)
+        chosen.append(item)
+        if isinstance(item.hit, EvidenceWindow):
+            shown[item.hit.session_id].update(range(item.hit.start, item.hit.start + len(item.hit.turns)))
+    return chosen
+
+
+def _section_header(prefix: str, first: bool) -> str:
+    title = dict(_SECTIONS)[prefix]
+    return f"## {title}\n" if first else f"\n## {title}\n"
+
+
+def _session_header(window: EvidenceWindow) -> str:
+    return f"### {window.session_date:%Y-%m-%d (%A)}"
+
+
+def _render(chosen: list[_Item]) -> RenderedContext:
+    short_ids: dict[str, int] = {}
+    window_turns: dict[str, list[str]] = {}
+    provenance: dict[str, None] = {}
+    lines: list[str] = []
+    for prefix, title in _SECTIONS:
+        group = [item.hit for item in chosen if item.prefix == prefix]
+        if not group:
+            continue
+        lines.append(f"## {title}")
+        if prefix == "W":
+            for short, turns, block_lines in _window_blocks(group):
+                window_turns[short] = [t.turn_id for t in turns]
+                provenance.update(dict.fromkeys(window_turns[short]))
+                lines.extend(block_lines)
+        else:
+            for i, hit in enumerate(sorted(group, key=lambda h: (h.memory.timestamp, h.memory.id or 0)), start=1):
+                short = f"{prefix}{i}"
+                short_ids[short] = hit.memory.id
+                provenance.update(dict.fromkeys(hit.memory.source_turn_ids))
+                lines.append(f"[{short}] {hit.memory.render()}")
+        lines.append("")
+    return RenderedContext(
+        text="\n".join(lines).strip() or NO_MEMORIES,
+        short_ids=short_ids,
+        window_turns=window_turns,
+        turn_ids=list(provenance),
+    )
+
+
+def _window_blocks(windows: list[EvidenceWindow]) -> list[tuple[str, list[Turn], list[str]]]:
+    """Merge windows into runs of consecutive turns: (short id, turns, lines), chronologically.
+
+    Sessions go by date; each gets one date header, and each run of its turns a short id.
+    """
+    sessions: dict[str, tuple[EvidenceWindow, dict[int, Turn]]] = {}
+    for window in windows:
+        _, turns = sessions.setdefault(window.session_id, (window, {}))
+        turns.update(zip(range(window.start, window.start + len(window.turns)), window.turns))
+    blocks: list[tuple[str, list[Turn], list[str]]] = []
+    for first, turns in sorted(sessions.values(), key=lambda pair: (pair[0].session_date, pair[0].session_id)):
+        header = [_session_header(first)]
+        run: list[int] = []
+        for position in sorted(turns) + [None]:
+            if run and (position is None or position != run[-1] + 1):
+                short = f"W{len(blocks) + 1}"
+                block_turns = [turns[p] for p in run]
+                block_lines = [f"[{short}] {turn_line(block_turns[0])}"] + [turn_line(t) for t in block_turns[1:]]
+                blocks.append((short, block_turns, header + block_lines))
+                header, run = [], []
+            if position is not None:
+                run.append(position)
+    return blocks

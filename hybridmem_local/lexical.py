@@ -1,0 +1,263 @@
+"""BM25 indexes (bm25s + PyStemmer): the lexical half of hybrid retrieval.
+
+One index per (namespace, source) — episodes, tuples, evidence windows — beside the hnswlib
+index of the same source, and like it a rebuildable cache of SQLite: on use it is checked
+against the ids SQLite holds as active and rebuilt when they differ. bm25s cannot add or
+remove documents, so every change is a rebuild, done lazily at the next search (a few
+milliseconds per thousand short documents; see scripts/bench_retrieval_budget.py).
+
+On disk, in ``<store>.indexes/<namespace>/``:
+
+* ``<kind>.bm25.json`` — the manifest: format, text recipe, tokenizer, document count and
+  the name of the build folder it describes;
+* ``<kind>.bm25.<build>/`` — bm25s's own files plus ``labels.npy`` (the id of each document).
+
+A save writes a fresh build folder and then replaces the manifest, so a crash leaves the old
+index or a new one, never a mix; a missing, unreadable or foreign index is rebuilt, never an
+error. Files are 0600 and folders 0700: they hold words of private conversations.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Callable, Sequence
+
+import bm25s
+import numpy as np
+import Stemmer
+from pydantic import BaseModel, ConfigDict
+
+from hybridmem_local.index import SyncReport
+from hybridmem_local.schema import Episode, RelationalTuple
+from hybridmem_local.store import MemoryStore
+
+log = logging.getLogger(__name__)
+
+#: Bumped when the on-disk layout changes; older indexes are then rebuilt.
+FORMAT = 1
+STEMMER_LANGUAGE = "english"
+STOPWORDS = "en"
+#: Names the tokenizer in manifests, so an index built another way is rebuilt, not misread.
+TOKENIZER = f"bm25s-{STOPWORDS}-stopwords+pystemmer-{STEMMER_LANGUAGE}"
+
+#: Returns the text of each id, in order.
+TextSource = Callable[[np.ndarray], Sequence[str]]
+
+_stemmer = Stemmer.Stemmer(STEMMER_LANGUAGE)
+
+
+def tokenize(texts: Sequence[str]) -> list[list[str]]:
+    """Lower-cased word tokens, English stopwords removed, Snowball-stemmed."""
+    return bm25s.tokenize(list(texts), stopwords=STOPWORDS, stemmer=_stemmer, return_ids=False, show_progress=False)
+
+
+def memory_text(memory: Episode | RelationalTuple) -> str:
+    """What BM25 sees of a memory: an episode's title, summary and details, a tuple's NL string.
+
+    Dense search reads an episode's ``details`` only (paper §3.3); lexical search also gets
+    the title and summary, whose names and key words are what an exact-match query hits. A
+    field that repeats another verbatim is indexed once, so it does not double its terms' weight.
+    """
+    if isinstance(memory, Episode):
+        return "\n".join(dict.fromkeys((memory.title, memory.summary, memory.details)))
+    return memory.render()
+
+
+def last_event_id(store: MemoryStore) -> int:
+    """Moves on every memory write of any process (each one logs an event): a cheap change marker."""
+    return store.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+
+
+class LexicalManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = FORMAT
+    #: What the documents are (e.g. which fields, which window shape); a change means rebuild.
+    recipe: str
+    tokenizer: str = TOKENIZER
+    count: int
+    #: False when no document has a single term (bm25s writes no files for such a corpus).
+    has_terms: bool
+    #: The build folder (``<kind>.bm25.<build>``) holding the bm25s files and labels.
+    build: str
+
+
+class LexicalIndex:
+    """A BM25 index whose documents are labelled with integer ids (memory or window ids)."""
+
+    def __init__(self, directory: Path, kind: str, recipe: str = "default"):
+        self.directory = directory
+        self.kind = kind
+        self.recipe = recipe
+        self._bm25: bm25s.BM25 | None = None
+        self._labels: np.ndarray | None = None  # None: not loaded or built yet
+        self._build: str | None = None
+        self._dirty = False
+
+    # ------------------------------------------------------------------ files
+
+    @property
+    def _manifest_path(self) -> Path:
+        return self.directory / f"{self.kind}.bm25.json"
+
+    def _build_dir(self, build: str) -> Path:
+        return self.directory / f"{self.kind}.bm25.{build}"
+
+    def files(self) -> list[Path]:
+        """Every file and folder of this index on disk (including orphans of a crashed save)."""
+        if not self.directory.exists():
+            return []
+        return sorted(self.directory.glob(f"{self.kind}.bm25.*"))
+
+    def delete_files(self) -> None:
+        for path in self.files():
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        self._bm25, self._labels, self._build, self._dirty = None, None, None, False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _load(self) -> str | None:
+        """Load the persisted index; returns why it cannot be used, or None on success."""
+        if not self._manifest_path.exists():
+            return "index files missing"
+        try:
+            manifest = LexicalManifest.model_validate_json(self._manifest_path.read_text())
+            if (manifest.format, manifest.recipe, manifest.tokenizer) != (FORMAT, self.recipe, TOKENIZER):
+                return f"index built as {manifest.recipe!r} with {manifest.tokenizer}, wanted {self.recipe!r} with {TOKENIZER}"
+            build_dir = self._build_dir(manifest.build)
+            labels = np.load(build_dir / "labels.npy")
+            if labels.ndim != 1 or len(labels) != manifest.count:
+                return "label file does not match manifest"
+            bm25 = None
+            if manifest.has_terms:
+                bm25 = bm25s.BM25.load(str(build_dir), show_progress=False)
+                if int(bm25.scores["num_docs"]) != manifest.count:
+                    return "bm25 matrix does not match manifest"
+        except Exception as exc:  # any unreadable file means: rebuild from SQLite
+            return f"index unreadable ({type(exc).__name__}: {exc})"
+        self._bm25, self._labels, self._build = bm25, labels.astype(np.int64), manifest.build
+        return None
+
+    def sync(self, active_ids: np.ndarray, texts_for: TextSource) -> SyncReport:
+        """Make the index hold exactly ``active_ids`` (rebuilding it if they differ)."""
+        wanted = np.unique(np.asarray(active_ids, dtype=np.int64))
+        problem = None
+        if self._labels is None:
+            problem = self._load()
+        if problem is None and self._labels is not None and np.array_equal(self._labels, wanted):
+            return SyncReport()
+        old = set() if self._labels is None else set(self._labels.tolist())
+        new = set(wanted.tolist())
+        reason = problem or "ids differ from SQLite"
+        log.info("rebuilding %s lexical index in %s: %s", self.kind, self.directory, reason)
+        self.build(wanted, texts_for(wanted))
+        return SyncReport(rebuilt=True, reason=reason, added=len(new - old), removed=len(old - new))
+
+    def build(self, ids: np.ndarray, texts: Sequence[str]) -> None:
+        """Index ``texts`` under ``ids`` from scratch (in memory; ``save`` persists it)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) != len(texts):
+            raise ValueError(f"{self.kind} lexical index: {len(ids)} ids for {len(texts)} texts")
+        order = np.argsort(ids, kind="stable")
+        ids, texts = ids[order], [texts[i] for i in order]
+        corpus = tokenize(texts)
+        bm25 = None
+        # bm25s cannot index a corpus without a single token; such an index simply finds nothing.
+        if any(corpus):
+            bm25 = bm25s.BM25()
+            bm25.index(corpus, show_progress=False)
+        self._bm25, self._labels, self._build, self._dirty = bm25, ids, None, True
+
+    def save(self) -> None:
+        """Persist a changed index: new build folder first, then the manifest, then cleanup."""
+        if not self._dirty or self._labels is None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        build = uuid.uuid4().hex[:12]
+        build_dir = self._build_dir(build)
+        build_dir.mkdir(mode=0o700)
+        if self._bm25 is not None:
+            self._bm25.save(str(build_dir), show_progress=False)
+        np.save(build_dir / "labels.npy", self._labels)
+        for path in build_dir.iterdir():
+            os.chmod(path, 0o600)
+        os.chmod(build_dir, 0o700)
+        tmp_manifest = self.directory / f"{self.kind}.bm25.json.tmp"
+        tmp_manifest.write_text(
+            LexicalManifest(
+                recipe=self.recipe, count=len(self._labels), has_terms=self._bm25 is not None, build=build
+            ).model_dump_json()
+        )
+        os.chmod(tmp_manifest, 0o600)
+        os.replace(tmp_manifest, self._manifest_path)
+        for path in self.files():
+            if path.is_dir() and path != build_dir:
+                shutil.rmtree(path)
+        self._build, self._dirty = build, False
+
+    # ------------------------------------------------------------------ queries
+
+    def __len__(self) -> int:
+        return 0 if self._labels is None else len(self._labels)
+
+    def search(self, query: str, k: int) -> list[tuple[int, float]]:
+        """Top-k (id, BM25 score) of the documents sharing at least one term with ``query``."""
+        if self._bm25 is None or k <= 0:
+            return []
+        token_ids = self._bm25.get_tokens_ids(tokenize([query])[0])
+        if not token_ids:
+            return []
+        scores = self._bm25.get_scores_from_ids(token_ids)
+        matching = np.flatnonzero(scores > 0)
+        # Stable sort: equal scores keep id order, so results are reproducible.
+        top = matching[np.argsort(-scores[matching], kind="stable")[:k]]
+        return [(int(self._labels[i]), float(scores[i])) for i in top]
+
+
+class MemoryLexicalIndexes:
+    """The BM25 indexes of the memory stores, one per (namespace, kind), in step with SQLite.
+
+    An index is checked against SQLite's active ids when first used and again whenever the
+    event log has moved (every memory write, from this process or another, adds an event),
+    and rebuilt and saved when the ids differ.
+    """
+
+    #: Changing what :func:`memory_text` returns must change this, so old indexes rebuild.
+    RECIPE = "memory-v1: episode title+summary+details; tuple render()"
+
+    def __init__(self, store: MemoryStore, index_dir: Callable[[str], Path]):
+        self.store = store
+        self.index_dir = index_dir
+        self._indexes: dict[tuple[str, str], LexicalIndex] = {}
+        self._checked_at: dict[tuple[str, str], int] = {}
+
+    def get(self, namespace: str, kind: str) -> LexicalIndex:
+        key = (namespace, kind)
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = LexicalIndex(self.index_dir(namespace), kind, self.RECIPE)
+        marker = last_event_id(self.store)
+        if self._checked_at.get(key) != marker:
+            report = index.sync(self.store.active_ids(namespace, kind), lambda ids: self._texts(ids))
+            if report.rebuilt:
+                index.save()
+            self._checked_at[key] = marker
+        return index
+
+    def _texts(self, ids: np.ndarray) -> list[str]:
+        rows = self.store.get_memories([int(i) for i in ids])
+        return [memory_text(rows[int(i)]) for i in ids]
+
+    def drop(self, namespace: str) -> None:
+        """Forget the namespace's loaded indexes and delete their files."""
+        for kind in {k for ns, k in self._indexes if ns == namespace} | {"episode", "tuple"}:
+            index = self._indexes.pop((namespace, kind), None) or LexicalIndex(self.index_dir(namespace), kind)
+            self._checked_at.pop((namespace, kind), None)
+            index.delete_files()

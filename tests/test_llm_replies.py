@@ -1,0 +1,68 @@
+"""Shared reply handling: <think> stripping, validation messages, the bounded retry loop."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from hybridmem_local.llm import ChatMessage, LLMRequest
+from hybridmem_local.llm.replies import Completion, check_reply, generate_with_retries, strip_think
+
+
+class Fact(BaseModel):
+    entity: str
+    year: int
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ('<think>\nhm, a fact\n</think>\n\n{"a": 1}', '{"a": 1}'),
+        ('reasoning the template opened</think>{"a": 1}', '{"a": 1}'),
+        ("<think>cut off while thinking", ""),
+        ("<think></think>Paris <think>x</think>is the answer", "Paris is the answer"),
+        ("  no reasoning at all ", "no reasoning at all"),
+    ],
+)
+def test_strip_think(raw, clean):
+    assert strip_think(raw) == clean
+
+
+def test_check_reply_names_the_fields_and_accepts_fenced_json():
+    assert check_reply('```json\n{"entity": "Jon", "year": 2022}\n```', Fact) == (Fact(entity="Jon", year=2022), None)
+    parsed, problem = check_reply('{"entity": 3}', Fact)
+    assert parsed is None
+    assert problem.startswith("reply does not match Fact: entity: ") and "year: Field required" in problem
+    assert check_reply("", None) == (None, "empty reply")
+    assert check_reply("Paris", None) == (None, None)
+
+
+def test_retries_stop_at_the_bound_and_keep_good_results_in_place():
+    calls: list[list[int]] = []
+    replies = {0: ['{"entity": "a", "year": 1}'], 1: ["{", "{", "{"], 2: ["nope", '{"entity": "c", "year": 3}']}
+
+    def complete(batch):
+        calls.append([int(r.messages[0].content) for r in batch])
+        out = []
+        for r in batch:
+            attempt = (len(r.messages) - 1) // 2
+            out.append(Completion(text=replies[int(r.messages[0].content)][attempt], prompt_tokens=5, completion_tokens=1))
+        return out
+
+    requests = [LLMRequest(messages=[ChatMessage(role="user", content=str(i))], output_schema=Fact) for i in range(3)]
+    results = generate_with_retries(requests, complete, max_retries=2)
+    assert calls == [[0, 1, 2], [1, 2], [1]]
+    assert [r.parsed.entity if r.ok else None for r in results] == ["a", None, "c"]
+    assert results[1].error.startswith("reply does not match Fact") and results[1].text == "{"
+    assert [r.prompt_tokens for r in results] == [5, 15, 10]
+
+
+def test_permanent_errors_are_not_retried():
+    calls = []
+
+    def complete(batch):
+        calls.append(len(batch))
+        return [Completion(error="prompt exceeds the context window", permanent=True)]
+
+    [result] = generate_with_retries([LLMRequest(messages=[ChatMessage(role="user", content="x")])], complete, 3)
+    assert calls == [1] and result.error == "prompt exceeds the context window"
