@@ -284,6 +284,8 @@ def _mount_subcommands() -> None:
     from hybridmem_local.cli_models import app as models_app
 
     app.add_typer(models_app, name="models", help="Model manifest: list, verify, download, bundle, install-bundle.")
+    from hybridmem_local.cli_eval import app as eval_app
+    app.add_typer(eval_app, name="eval", help="Benchmark runs (LoCoMo, LongMemEval) and their reports.")
 
 
 _mount_subcommands()

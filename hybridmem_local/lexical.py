@@ -179,7 +179,8 @@ class LexicalIndex:
         """Persist a changed index: new build folder first, then the manifest, then cleanup."""
         if not self._dirty or self._labels is None:
             return
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for folder in (self.directory.parent, self.directory):
+            folder.mkdir(exist_ok=True, mode=0o700)
         build = uuid.uuid4().hex[:12]
         build_dir = self._build_dir(build)
         build_dir.mkdir(mode=0o700)

@@ -33,6 +33,8 @@ def window_starts(n_turns: int, size: int, stride: int) -> list[int]:
     """Start positions of the windows of a session of ``n_turns`` turns."""
     if size < 1 or stride < 1:
         raise ValueError(f"window size and stride must be at least 1, got size={size}, stride={stride}")
+    if stride > size:
+        raise ValueError(f"window stride {stride} is larger than the window size {size}: turns would be skipped")
     if n_turns <= 0:
         return []
     last = max(n_turns - size, 0)

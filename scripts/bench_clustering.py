@@ -2,10 +2,15 @@
 
 Synthetic data: 384-d unit vectors (MiniLM's shape), 80% of them in gaussian blobs of 10-40
 rows on the sphere and 20% spread uniformly as noise. For each N the script times the UMAP
-and HDBSCAN stages of the configured clusterer, the peak of traced allocations, the process's
-resident high-water mark, and how well the planted blobs were found (adjusted Rand index on
-the blob rows). JIT / device warm-up is timed apart, before any measured run, and a
-log-log slope over the N values gives the growth exponent of each stage.
+and HDBSCAN stages of the configured clusterer, the process's peak resident memory, and how
+well the planted blobs were found (adjusted Rand index on the blob rows). JIT / device
+warm-up is timed apart, before any measured run, and a log-log slope over the N values gives
+the growth exponent of each stage.
+
+Memory: sizes run in ascending order, so the resident high-water mark read after N is the
+peak reached while clustering N; "resident before" is what the process held going in
+(interpreter, libraries, compiled kernels). tracemalloc is not used: it misses numba's
+allocations and counts untouched zeroed pages.
 
     python scripts/bench_clustering.py --sizes 1000 5000 --out bench_clustering.json
     python scripts/bench_clustering.py --with-50k --backend gpu      # on a CUDA machine
@@ -20,7 +25,6 @@ import platform
 import resource
 import sys
 import time
-import tracemalloc
 from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
@@ -66,6 +70,16 @@ def _max_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def _rss_mb() -> float | None:
+    """Resident memory now (Linux /proc); None elsewhere."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except OSError:
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def _package_version(name: str) -> str | None:
     try:
         return version(name)
@@ -101,21 +115,23 @@ def measure(clusterer: CPUClusterer | CumlClusterer, n_rows: int, compare_hdbsca
     from sklearn.metrics import adjusted_rand_score
 
     vectors, truth = clustered_unit_vectors(n_rows)
-    tracemalloc.start()
-    started = time.perf_counter()
+    rss_before = _rss_mb()
+    started, started_cpu = time.perf_counter(), time.process_time()
     reduced = clusterer.reduce(vectors)
-    reduced_at = time.perf_counter()
+    reduced_at, reduced_at_cpu = time.perf_counter(), time.process_time()
     labels = np.asarray(clusterer.label(reduced))
-    finished = time.perf_counter()
-    _, peak_traced = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    finished, finished_cpu = time.perf_counter(), time.process_time()
     planted = truth >= 0
     run = {
         "n_rows": n_rows,
         "umap_s": reduced_at - started,
         "hdbscan_s": finished - reduced_at,
         "total_s": finished - started,
-        "peak_traced_mb": peak_traced / 2**20,
+        # CPU seconds over all threads: on a shared machine far steadier than wall time.
+        "umap_cpu_s": reduced_at_cpu - started_cpu,
+        "hdbscan_cpu_s": finished_cpu - reduced_at_cpu,
+        "total_cpu_s": finished_cpu - started_cpu,
+        "rss_before_mb": rss_before,
         "max_rss_mb": _max_rss_mb(),
         "planted_blobs": int(truth.max()) + 1,
         "n_clusters": len(set(labels.tolist()) - {-1}),
@@ -137,6 +153,8 @@ def _time_hdbscan_package(config: ConsolidationConfig, reduced: np.ndarray, skle
     labels = hdbscan.HDBSCAN(
         min_cluster_size=params.min_cluster_size, min_samples=params.min_samples,
         metric=params.metric, cluster_selection_method=params.cluster_selection_method,
+        # Its default (4 joblib workers) spends ~17 s starting them on a busy 2-core machine.
+        core_dist_n_jobs=1,
     ).fit_predict(reduced)
     return {
         "seconds": time.perf_counter() - started,
@@ -151,23 +169,28 @@ def growth_exponents(runs: list[dict]) -> dict[str, float] | None:
     log_n = np.log([run["n_rows"] for run in runs])
     return {
         stage: float(np.polyfit(log_n, np.log([max(run[stage], 1e-6) for run in runs]), 1)[0])
-        for stage in ("umap_s", "hdbscan_s", "total_s")
+        for stage in ("umap_s", "hdbscan_s", "total_s", "umap_cpu_s", "hdbscan_cpu_s", "total_cpu_s")
     }
+
+
+def _mb(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
 
 
 def render(report: dict, console: Console) -> None:
     warm = report["warmup"]
     console.print(
-        f"backend [bold]{report['backend']}[/], {report['machine']['cpu_count']} CPUs; "
+        f"backend [bold]{report['backend']}[/], {report['machine']['cpu_count']} CPUs, "
+        f"load average {report['machine']['load_average_1m']:.1f}; "
         f"warm-up {warm['total_s']:.1f} s ("
         + ", ".join(f"{key} {value:.1f} s" for key, value in warm.items() if key != "total_s")
         + ")"
     )
     table = Table(title="UMAP + HDBSCAN on clustered 384-d unit vectors",
-                  caption="traced MB: peak Python/numpy allocations; RSS MB: process high-water mark; "
-                          "ARI: planted blobs vs found clusters; pkg: the `hdbscan` package, ARI vs sklearn")
-    for column in ("N", "UMAP s", "HDBSCAN s", "total s", "traced MB", "RSS MB",
-                   "found/planted", "noise", "ARI"):
+                  caption="peak RSS: process high-water mark after this N (sizes ascend); "
+                          "CPU s: all threads; ARI: planted blobs vs found clusters; pkg: the `hdbscan` package, ARI vs sklearn")
+    for column in ("N", "UMAP s", "HDBSCAN s", "total s", "total CPU s", "RSS in MB", "peak RSS MB",
+                   "clusters/planted", "noise", "ARI"):
         table.add_column(column, justify="right")
     compare = any("hdbscan_package" in run for run in report["runs"])
     if compare:
@@ -176,7 +199,7 @@ def render(report: dict, console: Console) -> None:
     for run in report["runs"]:
         row = [
             f"{run['n_rows']:,}", f"{run['umap_s']:.2f}", f"{run['hdbscan_s']:.2f}",
-            f"{run['total_s']:.2f}", f"{run['peak_traced_mb']:.0f}", f"{run['max_rss_mb']:.0f}",
+            f"{run['total_s']:.2f}", f"{run['total_cpu_s']:.2f}", _mb(run["rss_before_mb"]), _mb(run["max_rss_mb"]),
             f"{run['n_clusters']}/{run['planted_blobs']}", f"{run['noise_fraction']:.0%}",
             f"{run['ari_on_blob_rows']:.3f}",
         ]
@@ -209,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         "backend": clusterer.backend,
         "machine": {
             "cpu_count": os.cpu_count(),
+            # Wall times on a shared machine stretch with its load; read them against this.
+            "load_average_1m": os.getloadavg()[0],
             "python": platform.python_version(),
             "packages": {name: _package_version(name) for name in
                          ("umap-learn", "pynndescent", "numba", "scikit-learn", "hdbscan", "cuml-cu12")},

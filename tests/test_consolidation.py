@@ -541,7 +541,7 @@ def test_real_clusterer_groups_planted_near_duplicates_and_maybe_consolidate_mer
         "Lisbon": ["Alice is moving to Lisbon next spring for a new job.", "Alice will relocate to Lisbon in spring for work.",
                    "Next spring Alice moves to Lisbon because of a job offer.", "Alice got a job in Lisbon and moves there next spring.",
                    "Alice plans to move to Lisbon next spring for work.", "Alice accepted a position in Lisbon, moving in spring."],
-        "peanut": ["Alice is allergic to peanuts.", "Alice has a peanut allergy.", "Peanuts give Alice an allergic reaction.",
+        "peanut": ["Alice is allergic to peanuts.", "Alice has a peanut allergy.", "Eating peanuts gives Alice an allergic reaction.",
                     "Alice cannot eat peanuts because of an allergy.", "Alice avoids peanuts due to her allergy.",
                     "Alice said she is allergic to peanuts."],
     }
@@ -570,7 +570,7 @@ def test_real_clusterer_groups_planted_near_duplicates_and_maybe_consolidate_mer
         id_of = dict(zip(texts, ids))
         clusterer = CPUClusterer(config.consolidation)
         assert maybe_consolidate(memory, NS, RefusingLLM(), clusterer) is None, "1 session < 2"
-        memory.add_session(make_session(NS, 2))
+        memory.ingest([make_session(NS, 2)], curate=False)
         report = maybe_consolidate(memory, NS, ScriptedLLM(merge_planted), clusterer)
         assert report is not None and report.backend == "cpu"
         assert report.timings.umap_s > 0 and report.timings.hdbscan_s > 0 and report.timings.embed_load_s > 0

@@ -131,10 +131,7 @@ class CachedLLM:
 
     def forget(self, tag: str) -> int:
         """Delete every entry filed under ``tag`` (e.g. a namespace); returns how many."""
-        with self._db:
-            deleted = self._db.execute("DELETE FROM llm_calls WHERE tag = ?", (tag,)).rowcount
-        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return deleted
+        return forget_tag(self.path, tag)
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM llm_calls").fetchone()[0]

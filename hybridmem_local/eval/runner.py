@@ -1,0 +1,907 @@
+"""The evaluation runner: a benchmark, a config and a list of systems in; a results folder out.
+
+    options = RunOptions(benchmark="locomo", data=Path("locomo10.json"), out=Path("runs/eval"))
+    result = run_evaluation(options, load_config("configs/vllm-offline.yaml"))
+    result.summary["systems"]["hybrid"]["overall"]["judge_accuracy"]
+
+For each conversation (a LoCoMo sample, a LongMemEval instance):
+
+1. **Store**: its sessions go into ``STORES/<namespace>.db`` as raw turns, then every pending
+   session is curated in batches (``HybridMemory.curate_pending``) when a system needs
+   memories. All memory systems share this one curated store; ``hybrid+consolidation``
+   works on a copy consolidated after ingest (``STORES/<namespace>.consolidated-mcsN.db``,
+   one per min_cluster_size), so curation runs once per conversation.
+2. **Questions**, per system, in batches of ``batch_size``: the system builds each context
+   (``systems.py``), one batched LLM call answers them all (``answering.py``'s request, JSON
+   constrained), one batched call judges them (``eval/judge.py``), and the metrics are
+   computed. Each batch is appended to ``predictions.jsonl`` as soon as it is done.
+3. **Report**: ``summary.json``, ``summary.md``, ``summary.csv``, plots and ``manifest.json``
+   (``report.py``).
+
+Resuming: a question already in ``predictions.jsonl`` under the same run key (config hash,
+system variant, prompt versions, options that change results) is skipped, and every LLM call
+goes through one on-disk cache (``llm_cache.sqlite``), so a killed run continues where it
+stopped and a finished run re-runs with no model call at all. Automatic consolidation
+(``consolidation.every_n_sessions``) is switched off in evaluation stores: the paper's hybrid
+system is evaluated unconsolidated and ``hybrid+consolidation`` consolidates once, after ingest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from hybridmem_local.answering import AnswerDraft, build_answer_request
+from hybridmem_local.config import Config
+from hybridmem_local.context import RenderedContext
+from hybridmem_local.curation import TEMPLATE_ALLOWANCE_TOKENS
+from hybridmem_local.eval import DatasetError, metrics
+from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
+from hybridmem_local.eval.locomo import ADVERSARIAL, CATEGORY_NAMES, load_locomo
+from hybridmem_local.eval.longmemeval import load_longmemeval
+from hybridmem_local.eval.systems import (
+    DEFAULT_RAG_BUDGET,
+    SYSTEMS,
+    EvalConversation,
+    EvalQuestion,
+    RankedItem,
+    SystemContext,
+    SystemSettings,
+    build_system,
+    retrieved_at,
+)
+from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
+
+if TYPE_CHECKING:
+    from hybridmem_local.memory import HybridMemory
+
+log = logging.getLogger(__name__)
+
+Benchmark = Literal["locomo", "longmemeval"]
+#: Retrieval budgets at which recall@k is reported (the paper's k sweep: 2, 5, 10, 20).
+DEFAULT_RECALL_KS = [2, 5, 10, 20]
+#: Questions per batched answer (and judge) call; each batch is saved before the next starts.
+DEFAULT_BATCH_SIZE = 32
+#: Below this many tokens for the context, answering would be pointless: a config error.
+MIN_CONTEXT_TOKENS = 64
+
+PREDICTIONS = "predictions.jsonl"
+USAGE = "usage.jsonl"
+PHASES = ("curation", "consolidation", "retrieval", "answering", "judging")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- options
+
+
+class RunOptions(_Strict):
+    benchmark: Benchmark
+    data: Path
+    out: Path
+    systems: list[str] = Field(default_factory=lambda: list(SYSTEMS))
+    #: LoCoMo sample ids / LongMemEval question ids; None = all.
+    conversations: list[str] | None = None
+    #: Questions per conversation (LoCoMo) or instances (LongMemEval), first ones first.
+    limit: int | None = Field(default=None, ge=1)
+    #: Ingest only the first N sessions of each conversation (questions are all kept).
+    max_sessions: int | None = Field(default=None, ge=1)
+    #: No answering, judging or curation: retrieval metrics from existing (curated) stores.
+    retrieval_only: bool = False
+    #: Retrieval budgets to sweep for the memory systems (None: ``retrieval.k`` only).
+    ks: list[int] | None = None
+    #: min_cluster_size values to sweep for hybrid+consolidation (None: the config's).
+    mcs: list[int] | None = None
+    include_adversarial: bool = False
+    rag_budget: int = Field(default=DEFAULT_RAG_BUDGET, ge=1)
+    recall_ks: list[int] = Field(default_factory=lambda: list(DEFAULT_RECALL_KS))
+    batch_size: int = Field(default=DEFAULT_BATCH_SIZE, ge=1)
+    #: Folder of the per-conversation stores (default OUT/stores); share it between runs.
+    stores: Path | None = None
+    #: The LLM call cache (default OUT/llm_cache.sqlite).
+    llm_cache: Path | None = None
+    #: The command line, for the manifest.
+    command: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> RunOptions:
+        unknown = [s for s in self.systems if s not in SYSTEMS]
+        if unknown:
+            raise ValueError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+        if not self.systems:
+            raise ValueError("no system to evaluate")
+        for name, values in (("k", self.ks), ("mcs", self.mcs), ("recall k", self.recall_ks)):
+            if values is not None and (not values or min(values) < 1):
+                raise ValueError(f"{name} values must be positive integers, got {values}")
+        if self.mcs is not None and min(self.mcs) < 2:
+            raise ValueError(f"min_cluster_size must be at least 2 (HDBSCAN), got {self.mcs}")
+        if self.ks:
+            self.recall_ks = sorted(set(self.recall_ks) | set(self.ks))
+        if self.mcs and "hybrid+consolidation" not in self.systems:
+            self.systems = [*self.systems, "hybrid+consolidation"]
+        if self.ks and not any(SYSTEMS[s].ranked and SYSTEMS[s].needs != "raw" for s in self.systems):
+            raise ValueError("--k sweeps the memory systems; none is among --systems")
+        if self.include_adversarial and self.benchmark != "locomo":
+            raise ValueError("--include-adversarial applies to LoCoMo only")
+        return self
+
+    @property
+    def stores_dir(self) -> Path:
+        return self.stores or self.out / "stores"
+
+    @property
+    def cache_path(self) -> Path:
+        return self.llm_cache or self.out / "llm_cache.sqlite"
+
+
+class SystemRun(_Strict):
+    """One system variant: a registry name with a retrieval budget and, for consolidation, an mcs."""
+
+    label: str
+    system: str
+    k: int
+    mcs: int | None = None
+
+
+def system_runs(options: RunOptions, config: Config) -> list[SystemRun]:
+    """The variants to evaluate: each system at each swept k (memory systems) and mcs.
+
+    A variant at the config's own k / mcs keeps the plain system name; others get
+    ``@kN`` / ``@mcsN`` appended.
+    """
+    base_k = config.retrieval.k
+    base_mcs = config.consolidation.hdbscan.min_cluster_size
+    runs = []
+    for name in options.systems:
+        cls = SYSTEMS[name]
+        sweeps_k = cls.ranked and cls.needs != "raw"
+        ks = (options.ks or [base_k]) if sweeps_k else [base_k]
+        mcss: list[int | None] = (options.mcs or [base_mcs]) if cls.needs == "consolidated" else [None]
+        for mcs in mcss:
+            for k in ks:
+                label = name + (f"@mcs{mcs}" if mcs not in (None, base_mcs) else "") + (f"@k{k}" if k != base_k else "")
+                runs.append(SystemRun(label=label, system=name, k=k, mcs=mcs))
+    return runs
+
+
+# --------------------------------------------------------------------------- loading benchmarks
+
+
+class LoadedBenchmark(_Strict):
+    conversations: list[EvalConversation]
+    #: The loader's counts for the selected data (malformed evidence, skipped sessions...).
+    counts: dict[str, Any]
+
+
+def load_benchmark(options: RunOptions) -> LoadedBenchmark:
+    """The selected conversations as benchmark-neutral records; unknown ids are an error."""
+    if options.benchmark == "locomo":
+        dataset = load_locomo(options.data, include_adversarial=options.include_adversarial)
+        conversations = [_from_locomo(c) for c in dataset.conversations]
+    else:
+        dataset = load_longmemeval(options.data)
+        conversations = [_from_longmemeval(i) for i in dataset.instances]
+    if options.conversations:
+        known = {c.conversation_id for c in conversations}
+        unknown = [c for c in options.conversations if c not in known]
+        if unknown:
+            sample = ", ".join(sorted(known)[:10])
+            raise DatasetError(f"{options.data}: no conversation {unknown} (the file has {sample}...)")
+        wanted = set(options.conversations)
+        conversations = [c for c in conversations if c.conversation_id in wanted]
+    if options.benchmark == "longmemeval" and options.limit:
+        conversations = conversations[: options.limit]
+    elif options.limit:
+        conversations = [c.model_copy(update={"questions": c.questions[: options.limit]}) for c in conversations]
+    if options.max_sessions:
+        conversations = [c.model_copy(update={"sessions": c.sessions[: options.max_sessions]}) for c in conversations]
+    selected = {q.question_id for c in conversations for q in c.questions}
+    if options.benchmark == "locomo":
+        issues = [i for i in dataset.evidence_issues if i.question_id in selected]
+        counts: dict[str, Any] = {
+            "malformed_evidence": {kind: sum(1 for i in issues if i.kind == kind) for kind in ("split", "repaired", "unresolvable", "dangling")},
+            "empty_sessions_skipped": dataset.empty_sessions_skipped,
+            "empty_turns_skipped": dataset.empty_turns_skipped,
+        }
+    else:
+        counts = {
+            "empty_sessions_skipped": dataset.empty_sessions_skipped,
+            "empty_turns_skipped": dataset.empty_turns_skipped,
+            "duplicate_sessions_skipped": dataset.duplicate_sessions_skipped,
+        }
+    counts["questions_without_evidence"] = sum(1 for c in conversations for q in c.questions if not q.evidence)
+    return LoadedBenchmark(conversations=conversations, counts=counts)
+
+
+def _from_locomo(conversation) -> EvalConversation:
+    return EvalConversation(
+        conversation_id=conversation.sample_id,
+        namespace=conversation.namespace,
+        sessions=conversation.sessions,
+        questions=[
+            EvalQuestion(
+                question_id=q.question_id,
+                question=q.question,
+                gold=q.answer,
+                category=q.category_name,
+                category_number=q.category,
+                adversarial_answer=q.adversarial_answer,
+                evidence=q.evidence,
+            )
+            for q in conversation.questions
+        ],
+    )
+
+
+def _from_longmemeval(instance) -> EvalConversation:
+    return EvalConversation(
+        conversation_id=instance.question_id,
+        namespace=instance.namespace,
+        sessions=instance.sessions,
+        questions=[
+            EvalQuestion(
+                question_id=instance.question_id,
+                question=instance.question,
+                gold=instance.answer,
+                category=instance.question_type,
+                abstention=instance.is_abstention,
+                evidence=instance.evidence_turn_ids,
+                answer_session_ids=instance.answer_session_ids,
+                question_date=instance.question_date,
+            )
+        ],
+    )
+
+
+# --------------------------------------------------------------------------- LLM accounting
+
+
+class PhaseUsage(_Strict):
+    """What one phase asked of an LLM; ``requests - cached`` reached the model."""
+
+    requests: int = 0
+    cached: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    #: Model seconds reported by the backend (sum of request latencies; cache hits ~0).
+    llm_s: float = 0.0
+    #: Wall-clock seconds of the phase as the runner timed it.
+    wall_s: float = 0.0
+    #: Sessions (curation, consolidation) or questions (retrieval, answering, judging) covered.
+    units: int = 0
+
+    @property
+    def model_calls(self) -> int:
+        return self.requests - self.cached
+
+    def add(self, other: PhaseUsage) -> None:
+        for name in type(self).model_fields:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+class MeteredLLM:
+    """A :class:`StructuredLLM` view of a shared backend that counts what passes through it.
+
+    It has no ``close``: the stores that hold it (``HybridMemory.close`` closes its LLM)
+    must not close the backend the whole run shares.
+    """
+
+    def __init__(self, inner: StructuredLLM, usage: PhaseUsage):
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.usage = usage
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        results = self.inner.generate(requests)
+        usage = self.usage
+        usage.requests += len(results)
+        for result in results:
+            usage.cached += result.cached
+            usage.failed += not result.ok
+            usage.prompt_tokens += result.prompt_tokens
+            usage.completion_tokens += result.completion_tokens
+            usage.llm_s += 0.0 if result.cached else result.latency_s
+        return results
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+
+class Models:
+    """The run's answer and judge LLMs, built on first use, behind one on-disk call cache."""
+
+    def __init__(self, config: Config, cache_path: Path):
+        self.config = config
+        self.cache_path = cache_path
+        self._answer: StructuredLLM | None = None
+        self._judge: StructuredLLM | None = None
+
+    @property
+    def answer(self) -> StructuredLLM:
+        if self._answer is None:
+            from hybridmem_local.llm import build_llm
+
+            self._answer = build_llm(self.config.llm, cache_path=self.cache_path)
+        return self._answer
+
+    @property
+    def judge(self) -> StructuredLLM:
+        judge_config = self.config.judge
+        if judge_config is None or judge_config == self.config.llm:
+            return self.answer
+        if self._judge is None:
+            from hybridmem_local.llm import build_llm
+
+            self._judge = build_llm(judge_config, cache_path=self.cache_path)
+        return self._judge
+
+    def judge_model_id(self) -> str:
+        judge = self.config.judge or self.config.llm
+        return f"{judge.backend}:{judge.model}"
+
+    def close(self) -> None:
+        for llm in {id(m): m for m in (self._answer, self._judge) if m is not None}.values():
+            if hasattr(llm, "close"):
+                llm.close()
+
+
+# --------------------------------------------------------------------------- records
+
+
+class Verdict(_Strict):
+    label: Literal["CORRECT", "WRONG"]
+    reasoning: str
+    #: False when the runner decided without a judge call (no answer to judge).
+    judged_by_llm: bool = True
+
+
+class QuestionRecord(_Strict):
+    """One line of ``predictions.jsonl``: a question answered (or retrieved for) by one system."""
+
+    run_key: str
+    system: str
+    system_name: str
+    conversation_id: str
+    question_id: str
+    question: str
+    category: str
+    gold: str | None
+    adversarial_answer: str | None = None
+    evidence: list[str]
+    #: None with ``--retrieval-only``.
+    prediction: str | None = None
+    answer_error: str | None = None
+    cited: list[str] = Field(default_factory=list)
+    cited_memory_ids: list[int] = Field(default_factory=list)
+    retrieved: list[RankedItem] = Field(default_factory=list)
+    context_turns: int = 0
+    context_tokens: int = 0
+    context_truncated: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    retrieval_s: float = 0.0
+    answer_s: float | None = None
+    judge_s: float | None = None
+    verdict: Verdict | None = None
+    judge_error: str | None = None
+    metrics: dict[str, float | bool | None]
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of a predictions file; a line cut short by a kill is skipped with a warning."""
+    if not path.exists():
+        return []
+    records = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("%s line %d is not valid JSON (a run killed mid-write?); ignored", path, number)
+    return records
+
+
+def _append_jsonl(path: Path, rows: Iterable[BaseModel | dict]) -> None:
+    with open(path, "a", encoding="utf-8") as out:
+        for row in rows:
+            out.write((row.model_dump_json() if isinstance(row, BaseModel) else json.dumps(row)) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+# --------------------------------------------------------------------------- metrics of one question
+
+
+def question_metrics(
+    benchmark: Benchmark,
+    question: EvalQuestion,
+    context: SystemContext,
+    prediction: str | None,
+    verdict: Verdict | None,
+    ranked: bool,
+    recall_ks: Sequence[int],
+    tuple_multiplier: int,
+    turn_sessions: dict[str, str],
+) -> dict[str, float | bool | None]:
+    """Every per-question figure: None where it does not apply (aggregation leaves it out)."""
+    values: dict[str, float | bool | None] = {
+        "judge_correct": None if verdict is None else verdict.label == "CORRECT",
+        "f1_official": None,
+        "f1": None,
+        "bleu1": None,
+        "evidence_recall": metrics.evidence_recall(context.turn_ids, question.evidence),
+    }
+    if prediction is not None:
+        if benchmark == "locomo" and question.category_number is not None:
+            values["f1_official"] = metrics.f1_official(prediction, question.gold or "", question.category_number)
+        if question.gold is not None and question.category_number != ADVERSARIAL:
+            values["f1"] = metrics.f1_mem0(prediction, question.gold)
+            values["bleu1"] = metrics.bleu1(prediction, question.gold)
+    sessions = [turn_sessions[t] for item in context.ranked for t in item.turn_ids if t in turn_sessions]
+    for k in recall_ks:
+        values[f"evidence_recall@{k}"] = values[f"session_recall@{k}"] = None
+        if ranked:
+            top = retrieved_at(context.ranked, k, tuple_multiplier)
+            values[f"evidence_recall@{k}"] = metrics.evidence_recall({t for i in top for t in i.turn_ids}, question.evidence)
+            values[f"session_recall@{k}"] = metrics.session_recall_at_k(sessions, question.answer_session_ids, k)
+    return values
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class RunResult(_Strict):
+    out: Path
+    summary: dict[str, Any]
+    #: This invocation's LLM use per phase (the summary's cost sums every invocation).
+    usage: dict[str, PhaseUsage]
+    new_records: int
+    #: Questions skipped because ``predictions.jsonl`` already held them.
+    resumed_records: int
+
+    @property
+    def model_calls(self) -> int:
+        return sum(u.model_calls for u in self.usage.values())
+
+
+def config_hash(config: Config) -> str:
+    return hashlib.sha256(config.model_dump_json().encode("utf-8")).hexdigest()[:16]
+
+
+def evaluation_config(config: Config) -> Config:
+    """The config the stores are opened with: no automatic consolidation (see module doc)."""
+    config = config.model_copy(deep=True)
+    config.consolidation.every_n_sessions = 0
+    return config
+
+
+def run_evaluation(options: RunOptions, config: Config, console: Console | None = None) -> RunResult:
+    """Run the evaluation ``options`` describe; see the module docstring."""
+    return _Run(options, evaluation_config(config), console or Console(stderr=True)).run()
+
+
+class _Run:
+    def __init__(self, options: RunOptions, config: Config, console: Console):
+        self.options = options
+        self.config = config
+        self.console = console
+        self.usage: dict[str, PhaseUsage] = {phase: PhaseUsage() for phase in PHASES}
+        self.usage_rows: list[dict] = []
+        self.models = Models(config, options.cache_path)
+        self.config_hash = config_hash(config)
+        self.runs = system_runs(options, config)
+        self.keys = {run.label: self._run_key(run) for run in self.runs}
+        self.started = datetime.now(timezone.utc)
+        self.skipped: dict[str, list[str]] = {}
+        self.consolidation: dict[str, list[dict]] = {}
+        self.curation_failed: dict[str, int] = {}
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=True,
+        )
+        self._embedder = None
+
+    # ------------------------------------------------------------------ top level
+
+    def run(self) -> RunResult:
+        from hybridmem_local.eval import report
+
+        options = self.options
+        options.out.mkdir(parents=True, exist_ok=True)
+        options.stores_dir.mkdir(parents=True, exist_ok=True)
+        benchmark = load_benchmark(options)
+        if not benchmark.conversations:
+            raise DatasetError(f"{options.data}: no conversation selected")
+        predictions = options.out / PREDICTIONS
+        done = {(r.get("run_key"), r.get("question_id")) for r in read_records(predictions)}
+        resumed = sum(
+            (self.keys[run.label], q.question_id) in done
+            for run in self.runs for c in benchmark.conversations for q in c.questions
+        )
+        new = 0
+        try:
+            conversations_task = self.progress.add_task("conversations", total=len(benchmark.conversations))
+            for conversation in benchmark.conversations:
+                new += self._conversation(conversation, done, predictions)
+                self.progress.advance(conversations_task)
+        finally:
+            _append_jsonl(options.out / USAGE, self.usage_rows)
+            self.models.close()
+        records = [
+            r for r in read_records(predictions)
+            if r.get("run_key") in set(self.keys.values())
+            and r.get("question_id") in {q.question_id for c in benchmark.conversations for q in c.questions}
+        ]
+        summary = report.build_summary(
+            records=records,
+            runs=[run.model_dump() for run in self.runs],
+            benchmark=options.benchmark,
+            recall_ks=options.recall_ks,
+            retrieval_only=options.retrieval_only,
+            cost=report.cost_summary(read_records(options.out / USAGE), self.config_hash, benchmark.conversations),
+            counts={
+                **benchmark.counts,
+                "conversations": len(benchmark.conversations),
+                "questions": sum(len(c.questions) for c in benchmark.conversations),
+                "sessions": sum(len(c.sessions) for c in benchmark.conversations),
+                "curation_failed_sessions": sum(self.curation_failed.values()),
+                "skipped": self.skipped,
+            },
+            consolidation=self.consolidation,
+            options=options.model_dump(mode="json", exclude={"command"}),
+        )
+        manifest = report.build_manifest(
+            self.config, self.config_hash, options.command, self.models.judge_model_id(), self.started,
+            embedder_model_id=self._embedder.model_id if self._embedder is not None else None,
+        )
+        report.write_report(options.out, summary, manifest)
+        return RunResult(out=options.out, summary=summary, usage=self.usage, new_records=new, resumed_records=resumed)
+
+    def _run_key(self, run: SystemRun) -> str:
+        from hybridmem_local.prompts import load_prompt
+
+        options = self.options
+        material = {
+            "config": self.config_hash,
+            "run": run.model_dump(),
+            "prompts": [load_prompt(name).version for name in prompt_names()],
+            "retrieval_only": options.retrieval_only,
+            "max_sessions": options.max_sessions,
+            "rag_budget": options.rag_budget,
+            "recall_ks": options.recall_ks,
+        }
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from hybridmem_local.embedding import build_embedder
+
+            self._embedder = build_embedder(self.config.embedder)
+        return self._embedder
+
+    def _record_usage(self, phase: str, scope: PhaseUsage, conversation_id: str, system: str | None = None) -> None:
+        self.usage[phase].add(scope)
+        self.usage_rows.append({
+            "config_hash": self.config_hash, "started_at": self.started.isoformat(), "phase": phase,
+            "conversation_id": conversation_id, "system": system, **scope.model_dump(),
+        })
+
+    # ------------------------------------------------------------------ one conversation
+
+    def _conversation(self, conversation: EvalConversation, done: set, predictions: Path) -> int:
+        from hybridmem_local.memory import HybridMemory
+
+        needs = {SYSTEMS[run.system].needs for run in self.runs}
+        path = self.options.stores_dir / f"{conversation.namespace}.db"
+        curation = PhaseUsage()
+        memory = HybridMemory.open(path, self.config, embedder=self.embedder, llm=MeteredLLM(self.models.answer, curation))
+        opened: list[HybridMemory] = [memory]
+        written = 0
+        try:
+            memory.ingest(conversation.sessions, curate=False)
+            selected = {s.session_id for s in conversation.sessions}
+            extra = [r.session.session_id for r in memory.store.iter_sessions(conversation.namespace)
+                     if r.session.session_id not in selected]
+            if extra:
+                log.warning("%s: the store %s also holds %d sessions outside this selection (an earlier run with "
+                            "more --max-sessions?); they are searched too", conversation.conversation_id, path, len(extra))
+            curated = self._curate(memory, conversation, curation, wanted=bool(needs - {"raw"}))
+            for run in self.runs:
+                key = self.keys[run.label]
+                pending = [q for q in conversation.questions if (key, q.question_id) not in done]
+                if not pending:
+                    continue
+                system_memory = self._memory_for(run, memory, conversation, curated, opened)
+                if system_memory is None:
+                    self.skipped.setdefault(run.label, []).append(conversation.conversation_id)
+                    continue
+                written += self._questions(run, key, conversation, pending, system_memory, predictions)
+        finally:
+            for m in opened:
+                m.close()
+        return written
+
+    def _curate(self, memory: HybridMemory, conversation: EvalConversation, usage: PhaseUsage, wanted: bool) -> bool:
+        """Curate pending sessions when a system needs memories; True when none is left pending."""
+        namespace = conversation.namespace
+        pending = list(memory.store.iter_sessions(namespace, "pending"))
+        if pending and wanted and not self.options.retrieval_only:
+            started = time.perf_counter()
+            tasks = set(self.progress.task_ids)
+            memory.curate_pending(namespace, progress=self.progress)
+            for task in set(self.progress.task_ids) - tasks:
+                self.progress.remove_task(task)
+            usage.wall_s = time.perf_counter() - started
+            usage.units = len(pending)
+            self._record_usage("curation", usage, conversation.conversation_id)
+            pending = list(memory.store.iter_sessions(namespace, "pending"))
+            self.console.print(
+                f"{conversation.conversation_id}: curated {usage.units} sessions with {usage.requests} LLM requests "
+                f"({usage.model_calls} to the model) in {usage.wall_s:.0f}s"
+            )
+        self.curation_failed[conversation.conversation_id] = sum(
+            1 for _ in memory.store.iter_sessions(namespace, "curation_failed")
+        )
+        return not pending
+
+    def _memory_for(
+        self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation, curated: bool, opened: list
+    ) -> HybridMemory | None:
+        """The store a variant reads, or None when it cannot run here (and why is logged)."""
+        needs = SYSTEMS[run.system].needs
+        if needs == "raw":
+            return memory
+        if not curated:
+            log.warning("%s: %s skipped: the store has uncurated sessions (--retrieval-only does not curate)",
+                        conversation.conversation_id, run.label)
+            return None
+        if needs == "curated":
+            return memory
+        return self._consolidated(run, memory, conversation, opened)
+
+    def _consolidated(self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation, opened: list) -> HybridMemory | None:
+        """A copy of the curated store consolidated at ``run.mcs``, made once and reused."""
+        from hybridmem_local.consolidation import ConsolidationReport, consolidate
+        from hybridmem_local.memory import HybridMemory
+
+        namespace = conversation.namespace
+        path = self.options.stores_dir / f"{namespace}.consolidated-mcs{run.mcs}.db"
+        marker = Path(str(path) + ".consolidation.json")
+        config = self.config.model_copy(deep=True)
+        config.consolidation.hdbscan.min_cluster_size = run.mcs
+        usage = PhaseUsage()
+        if not marker.exists():
+            if self.options.retrieval_only:
+                log.warning("%s: %s skipped: no consolidated store yet (--retrieval-only does not consolidate)",
+                            conversation.conversation_id, run.label)
+                return None
+            copy_store(memory, path)
+            started = time.perf_counter()
+            with HybridMemory.open(path, config, embedder=self.embedder) as copy:
+                report = consolidate(copy, namespace, MeteredLLM(self.models.answer, usage))
+            usage.wall_s = time.perf_counter() - started
+            usage.units = len(conversation.sessions)
+            self._record_usage("consolidation", usage, conversation.conversation_id, f"mcs{run.mcs}")
+            marker.write_text(report.model_dump_json(), encoding="utf-8")
+            self.console.print(
+                f"{conversation.conversation_id}: consolidated (mcs {run.mcs}) {report.memories_before} → "
+                f"{report.memories_after} memories ({report.compression_pct:.1f}% compression) in {usage.wall_s:.0f}s"
+            )
+        report = ConsolidationReport.model_validate_json(marker.read_text(encoding="utf-8"))
+        entries = self.consolidation.setdefault(f"mcs{run.mcs}", [])
+        if not any(e["conversation_id"] == conversation.conversation_id for e in entries):
+            entries.append({
+                "conversation_id": conversation.conversation_id, "mcs": run.mcs,
+                "memories_before": report.memories_before, "memories_after": report.memories_after,
+                "clusters": sum(s.clusters for s in report.stores.values()),
+                "llm_requests": report.llm.requests, "merges": sum(s.merges for s in report.stores.values()),
+                "deletions": sum(s.deletions for s in report.stores.values()),
+            })
+        copy = HybridMemory.open(path, config, embedder=self.embedder)
+        opened.append(copy)
+        return copy
+
+    # ------------------------------------------------------------------ questions of one system
+
+    def _settings(self, run: SystemRun) -> SystemSettings:
+        llm = self.models.answer
+        return SystemSettings(
+            config=self.config,
+            count_tokens=llm.count_tokens,
+            context_limit=self._context_limit,
+            k=run.k,
+            recall_depth=max(self.options.recall_ks),
+            rag_budget=self.options.rag_budget,
+        )
+
+    def _context_limit(self, question: EvalQuestion) -> int:
+        """Tokens left for the context once the answer prompt, question and reply fit."""
+        llm_config = self.config.llm
+        request = build_answer_request(
+            question.question, RenderedContext(text="", short_ids={}), question.question_date, llm_config.enable_thinking
+        )
+        count = self.models.answer.count_tokens
+        overhead = sum(count(m.content) for m in request.messages) + TEMPLATE_ALLOWANCE_TOKENS
+        limit = llm_config.context_tokens - overhead - (request.max_new_tokens or llm_config.max_new_tokens)
+        if limit < MIN_CONTEXT_TOKENS:
+            raise ValueError(
+                f"llm.context_tokens={llm_config.context_tokens} leaves {limit} tokens for the context of question "
+                f"{question.question_id} after the answer prompt ({overhead}) and the reply; raise llm.context_tokens"
+            )
+        return limit
+
+    def _questions(
+        self, run: SystemRun, key: str, conversation: EvalConversation, pending: list[EvalQuestion],
+        memory: HybridMemory, predictions: Path,
+    ) -> int:
+        system = build_system(run.system, self._settings(run))
+        system.prepare(conversation, memory)
+        retrieval, answering, judging = PhaseUsage(), PhaseUsage(), PhaseUsage()
+        answer_llm = MeteredLLM(self.models.answer, answering)
+        judge_llm = None if self.options.retrieval_only else MeteredLLM(self.models.judge, judging)
+        turn_sessions = conversation.turn_sessions()
+        task = self.progress.add_task(f"{conversation.conversation_id} {run.label}", total=len(pending))
+        with self.progress:
+            for start in range(0, len(pending), self.options.batch_size):
+                batch = pending[start : start + self.options.batch_size]
+                contexts, seconds = [], []
+                began = time.perf_counter()
+                for question in batch:
+                    t0 = time.perf_counter()
+                    contexts.append(system.context(question))
+                    seconds.append(time.perf_counter() - t0)
+                retrieval.wall_s += time.perf_counter() - began
+                retrieval.units += len(batch)
+                answers: list[LLMResult | None] = [None] * len(batch)
+                verdicts: list[tuple[Verdict | None, str | None, float | None]] = [(None, None, None)] * len(batch)
+                if not self.options.retrieval_only:
+                    began = time.perf_counter()
+                    answers = self._answer(answer_llm, conversation.namespace, batch, contexts)
+                    answering.wall_s += time.perf_counter() - began
+                    answering.units += len(batch)
+                    began = time.perf_counter()
+                    verdicts = self._judge(judge_llm, conversation.namespace, batch, [_prediction(a) for a in answers])
+                    judging.wall_s += time.perf_counter() - began
+                    judging.units += len(batch)
+                records = [
+                    self._record(run, key, conversation, q, c, s, a, v, system.ranked, turn_sessions)
+                    for q, c, s, a, v in zip(batch, contexts, seconds, answers, verdicts)
+                ]
+                _append_jsonl(predictions, records)
+                self.progress.advance(task, len(batch))
+        self.progress.remove_task(task)
+        for phase, scope in (("retrieval", retrieval), ("answering", answering), ("judging", judging)):
+            if scope.units:
+                self._record_usage(phase, scope, conversation.conversation_id, run.label)
+        self.console.print(
+            f"{conversation.conversation_id} {run.label}: {len(pending)} questions "
+            f"({answering.model_calls} answer and {judging.model_calls} judge calls to the model, "
+            f"{retrieval.wall_s + answering.wall_s + judging.wall_s:.0f}s)"
+        )
+        return len(pending)
+
+    def _answer(
+        self, llm: StructuredLLM, namespace: str, batch: list[EvalQuestion], contexts: list[SystemContext]
+    ) -> list[LLMResult]:
+        thinking = self.config.llm.enable_thinking
+        requests = [
+            build_answer_request(q.question, RenderedContext(text=c.text, short_ids=c.short_ids), q.question_date, thinking)
+            .model_copy(update={"tag": namespace})
+            for q, c in zip(batch, contexts)
+        ]
+        return llm.generate(requests)
+
+    def _judge(
+        self, llm: StructuredLLM, namespace: str, batch: list[EvalQuestion], predictions: list[str]
+    ) -> list[tuple[Verdict | None, str | None, float | None]]:
+        """(verdict, judge error, judge seconds) per question; adversarial ones are not judged."""
+        out: list[tuple[Verdict | None, str | None, float | None]] = [(None, None, None)] * len(batch)
+        requests, positions = [], []
+        for i, (question, prediction) in enumerate(zip(batch, predictions)):
+            if question.category_number == ADVERSARIAL:
+                continue  # mem0's protocol: adversarial questions get the official F1 rule only
+            if not prediction:
+                out[i] = (Verdict(label="WRONG", reasoning="no answer was produced", judged_by_llm=False), None, None)
+                continue
+            requests.append(
+                build_judge_request(
+                    question.question, question.gold or "", prediction, self.options.benchmark, question.category,
+                    abstention=question.abstention,
+                ).model_copy(update={"tag": namespace})
+            )
+            positions.append(i)
+        for i, result in zip(positions, llm.generate(requests) if requests else []):
+            verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
+            if verdict is None:
+                out[i] = (None, result.error or "reply is not a JudgeVerdict", result.latency_s)
+            else:
+                out[i] = (Verdict(label=verdict.label, reasoning=verdict.reasoning), None, result.latency_s)
+        return out
+
+    def _record(
+        self, run: SystemRun, key: str, conversation: EvalConversation, question: EvalQuestion,
+        context: SystemContext, retrieval_s: float, answer: LLMResult | None,
+        judged: tuple[Verdict | None, str | None, float | None], ranked: bool, turn_sessions: dict[str, str],
+    ) -> QuestionRecord:
+        verdict, judge_error, judge_s = judged
+        draft = answer.parsed if answer is not None and answer.ok and isinstance(answer.parsed, AnswerDraft) else None
+        prediction = None if answer is None else (draft.answer.strip() if draft else "")
+        cited = draft.cited_memory_ids if draft else []
+        short_ids = {s.upper(): m for s, m in context.short_ids.items()}
+        return QuestionRecord(
+            run_key=key,
+            system=run.label,
+            system_name=run.system,
+            conversation_id=conversation.conversation_id,
+            question_id=question.question_id,
+            question=question.question,
+            category=question.category,
+            gold=question.gold,
+            adversarial_answer=question.adversarial_answer,
+            evidence=question.evidence,
+            prediction=prediction,
+            answer_error=None if answer is None or draft else (answer.error or "reply is not an AnswerDraft"),
+            cited=cited,
+            cited_memory_ids=[short_ids[c] for c in (x.strip().strip("[]").strip().upper() for x in cited) if c in short_ids],
+            retrieved=context.ranked if ranked else [],
+            context_turns=len(context.turn_ids),
+            context_tokens=context.tokens,
+            context_truncated=context.truncated,
+            prompt_tokens=None if answer is None else answer.prompt_tokens,
+            completion_tokens=None if answer is None else answer.completion_tokens,
+            retrieval_s=round(retrieval_s, 4),
+            answer_s=None if answer is None else round(answer.latency_s, 4),
+            judge_s=None if judge_s is None else round(judge_s, 4),
+            verdict=verdict,
+            judge_error=judge_error,
+            metrics=question_metrics(
+                self.options.benchmark, question, context, prediction, verdict, ranked, self.options.recall_ks,
+                self.config.retrieval.tuple_multiplier, turn_sessions,
+            ),
+        )
+
+
+def _prediction(answer: LLMResult | None) -> str:
+    if answer is None or not answer.ok or not isinstance(answer.parsed, AnswerDraft):
+        return ""
+    return answer.parsed.answer.strip()
+
+
+def prompt_names() -> list[str]:
+    """Every prompt template; their versions go into run keys and the manifest."""
+    from hybridmem_local.prompts import PROMPTS_DIR
+
+    return sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml"))
+
+
+def copy_store(memory: HybridMemory, path: Path) -> None:
+    """A consistent copy of ``memory``'s SQLite file at ``path`` (owner-only), replacing any
+    earlier copy and its indexes (which rebuild from the copy, vectors from its embedding cache)."""
+    import shutil
+
+    for stale in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm"), Path(str(path) + ".llm_cache.sqlite")):
+        stale.unlink(missing_ok=True)
+    shutil.rmtree(Path(str(path) + ".indexes"), ignore_errors=True)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    target = sqlite3.connect(path)
+    try:
+        memory.store.conn.backup(target)
+    finally:
+        target.close()

@@ -1,0 +1,398 @@
+"""The evaluation harness: systems, variants, reports, and whole runs on a LoCoMo conversation.
+
+The fast tests cover what the runner decides by itself (which variants run, what full-context
+keeps, which retrieved items count at k, how a summary is aggregated and drawn). The slow
+tests run the real harness end to end on conv-26 of the LoCoMo dev file with the embedded
+models (SmolLM2 through llama.cpp, MiniLM): curation, consolidation, answering, judging and
+the report; then again from the cache alone; then retrieval only, without any LLM call.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybridmem_local.config import Config, load_config
+from hybridmem_local.eval.report import build_summary, write_report
+from hybridmem_local.eval.runner import RunOptions, system_runs
+from hybridmem_local.eval.systems import (
+    EvalConversation,
+    EvalQuestion,
+    FullContextSystem,
+    SystemSettings,
+    _interleave,
+    retrieved_at,
+    session_header,
+)
+from hybridmem_local.schema import Episode, Hit, RelationalTuple, SearchResult, turn_line
+from tests.factories import make_session
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+# --------------------------------------------------------------------------- variants
+
+
+def test_k_and_mcs_sweeps_label_variants_and_keep_the_configs_own_values_plain(tmp_path):
+    config = Config()
+    options = RunOptions(
+        benchmark="locomo", data=tmp_path / "x.json", out=tmp_path, systems=["hybrid", "rag"], ks=[5, 10], mcs=[2, 10]
+    )
+    runs = {run.label: run for run in system_runs(options, config)}
+    # --mcs brings hybrid+consolidation in; rag has no k to sweep; k=10 and mcs=10 are the config's.
+    assert sorted(runs) == sorted([
+        "hybrid@k5", "hybrid", "rag",
+        "hybrid+consolidation@mcs2@k5", "hybrid+consolidation@mcs2",
+        "hybrid+consolidation@k5", "hybrid+consolidation",
+    ])
+    assert (runs["hybrid+consolidation@mcs2@k5"].k, runs["hybrid+consolidation@mcs2@k5"].mcs) == (5, 2)
+    assert runs["rag"].k == config.retrieval.k and runs["rag"].mcs is None
+    # Swept budgets are also reported as recall@k.
+    assert {5, 10} <= set(options.recall_ks)
+
+
+def test_options_reject_unknown_systems_and_sweeps_without_memory_systems(tmp_path):
+    with pytest.raises(ValueError, match="unknown system"):
+        RunOptions(benchmark="locomo", data=tmp_path, out=tmp_path, systems=["hybrid", "mem0"])
+    with pytest.raises(ValueError, match="--k sweeps the memory systems"):
+        RunOptions(benchmark="locomo", data=tmp_path, out=tmp_path, systems=["rag", "full-context"], ks=[2])
+    with pytest.raises(ValueError, match="min_cluster_size"):
+        RunOptions(benchmark="locomo", data=tmp_path, out=tmp_path, mcs=[1])
+
+
+# --------------------------------------------------------------------------- full context
+
+
+def _conversation(n_sessions: int = 4, n_turns: int = 5) -> EvalConversation:
+    sessions = [make_session("ns", i, n_turns=n_turns) for i in range(n_sessions)]
+    question = EvalQuestion(question_id="q", question="What topic?", gold="x", category="single-hop")
+    return EvalConversation(conversation_id="c", namespace="ns", sessions=sessions, questions=[question])
+
+
+def _full_context(conversation: EvalConversation, limit: int) -> FullContextSystem:
+    settings = SystemSettings(config=Config(), count_tokens=word_count, context_limit=lambda q: limit, k=10)
+    system = FullContextSystem(settings)
+    system.prepare(conversation, memory=None)
+    return system
+
+
+def test_full_context_shows_every_turn_under_session_dates_when_it_fits():
+    conversation = _conversation()
+    context = _full_context(conversation, limit=10_000).context(conversation.questions[0])
+    all_turns = [t.turn_id for s in conversation.sessions for t in s.turns]
+    assert context.turn_ids == all_turns
+    assert not context.truncated
+    assert context.text.count("### ") == len(conversation.sessions)
+    assert context.tokens == word_count(context.text)
+
+
+def test_full_context_keeps_the_most_recent_turns_that_fit():
+    conversation = _conversation()
+    whole = _full_context(conversation, limit=10_000).context(conversation.questions[0])
+    limit = whole.tokens // 2
+    context = _full_context(conversation, limit=limit).context(conversation.questions[0])
+    all_turns = [t.turn_id for s in conversation.sessions for t in s.turns]
+    kept = context.turn_ids
+    assert context.truncated and context.tokens <= limit
+    assert 0 < len(kept) < len(all_turns)
+    assert kept == all_turns[-len(kept):]  # a suffix: the newest turns, in order
+    assert context.text.startswith(FullContextSystem.OMITTED)
+    # The first kept turn's session still has its date header.
+    first_session = next(s for s in conversation.sessions if kept[0] in {t.turn_id for t in s.turns})
+    assert f"### {first_session.started_at:%Y-%m-%d}" in context.text
+    # The next older turn would not have fitted (with its session's header when it starts one).
+    turns = {t.turn_id: (s, t) for s in conversation.sessions for t in s.turns}
+    previous_session, previous = turns[all_turns[len(all_turns) - len(kept) - 1]]
+    extra = word_count(turn_line(previous))
+    if previous_session is not first_session:
+        extra += word_count(session_header(previous_session.started_at))
+    assert context.tokens + extra > limit
+
+
+# --------------------------------------------------------------------------- ranked items at k
+
+
+def _search_result(n_episodes: int, n_tuples: int) -> SearchResult:
+    episodes = [
+        Hit(memory=Episode(id=i, namespace="ns", title=f"e{i}", summary="s", details=f"d{i}", timestamp="2023-05-01",
+                           source_turn_ids=[f"e{i}"]), score=1 - i / 100)
+        for i in range(n_episodes)
+    ]
+    tuples = [
+        Hit(memory=RelationalTuple(id=100 + i, namespace="ns", entity="A", relation="r", object=f"o{i}",
+                                   timestamp="2023-05-01", source_turn_ids=[f"t{i}"]), score=1 - i / 100)
+        for i in range(n_tuples)
+    ]
+    return SearchResult(query="q", namespace="ns", episodes=episodes, tuples=tuples)
+
+
+def test_items_at_k_are_the_top_k_episodes_and_top_2k_tuples():
+    result = _search_result(n_episodes=6, n_tuples=5)  # fewer tuples than 2 per episode
+    ranked = _interleave(result, tuple_multiplier=2, shown_memories=set(), shown_turns=set())
+    assert [i.id for i in ranked[:6]] == [0, 100, 101, 1, 102, 103]
+    for k in (1, 2, 3, 6):
+        top = retrieved_at(ranked, k, tuple_multiplier=2)
+        assert sorted(t for i in top for t in i.turn_ids) == sorted(
+            [f"e{i}" for i in range(min(k, 6))] + [f"t{i}" for i in range(min(2 * k, 5))]
+        )
+
+
+# --------------------------------------------------------------------------- summary and report
+
+
+def _record(system: str, question_id: str, category: str, correct: bool | None, recall: bool, tokens: int) -> dict:
+    return {
+        "system": system, "system_name": system.split("@")[0], "question_id": question_id, "category": category,
+        "context_tokens": tokens, "prompt_tokens": tokens + 100, "answer_s": 1.0, "retrieval_s": 0.01,
+        "answer_error": None, "judge_error": None if correct is not None else "bad reply", "context_truncated": False,
+        "metrics": {"judge_correct": correct, "f1_official": 0.5, "f1": 0.25, "bleu1": 0.1, "evidence_recall": recall,
+                    "evidence_recall@2": recall, "session_recall@2": None},
+    }
+
+
+def test_summary_aggregates_per_system_and_category_and_draws_sweeps(tmp_path):
+    records = []
+    for system, accuracy in (("hybrid", [True, True, False, None]), ("hybrid@k2", [True, False, False, False]),
+                             ("hybrid+consolidation@mcs5", [True, True, True, False])):
+        for i, correct in enumerate(accuracy):
+            records.append(_record(system, f"q{i}", ["single-hop", "temporal"][i % 2], correct, i < 2, 100 * (i + 1)))
+    runs = [
+        {"label": "hybrid", "system": "hybrid", "k": 10, "mcs": None},
+        {"label": "hybrid@k2", "system": "hybrid", "k": 2, "mcs": None},
+        {"label": "hybrid+consolidation@mcs5", "system": "hybrid+consolidation", "k": 10, "mcs": 5},
+    ]
+    summary = build_summary(
+        records=records, runs=runs, benchmark="locomo", recall_ks=[2], retrieval_only=False, cost={"phases": {}, "invocations": 1},
+        counts={"conversations": 1, "questions": 4, "sessions": 2}, options={},
+        consolidation={"mcs5": [{"conversation_id": "c", "mcs": 5, "memories_before": 40, "memories_after": 30,
+                                 "clusters": 3, "llm_requests": 3, "merges": 4, "deletions": 2}]},
+    )
+    hybrid = summary["systems"]["hybrid"]
+    judged = [r["metrics"]["judge_correct"] for r in records if r["system"] == "hybrid" and r["metrics"]["judge_correct"] is not None]
+    assert hybrid["overall"]["judge_accuracy"] == pytest.approx(sum(judged) / len(judged))
+    assert hybrid["overall"]["n"] == 4 and hybrid["overall"]["judged"] == 3 and hybrid["overall"]["judge_failures"] == 1
+    temporal = [r for r in records if r["system"] == "hybrid" and r["category"] == "temporal"]
+    assert hybrid["by_category"]["temporal"]["context_tokens_mean"] == pytest.approx(
+        sum(r["context_tokens"] for r in temporal) / len(temporal)
+    )
+    assert list(hybrid["by_category"]) == ["single-hop", "temporal"]  # the paper's column order
+    assert hybrid["overall"]["session_recall@2"] is None  # LoCoMo has no answer sessions
+    assert summary["consolidation"]["mcs5"]["compression_pct"] == pytest.approx(25.0)
+
+    written = {p.name for p in write_report(tmp_path, summary)}
+    assert {"summary.json", "summary.md", "summary.csv", "scores_by_category.png", "recall_at_k.png",
+            "k_sweep.png", "compression_vs_accuracy.png"} <= written
+    with open(tmp_path / "summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["system"], r["category"]) for r in rows} == {
+        (s, c) for s in summary["systems"] for c in ("overall", "single-hop", "temporal")
+    }
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "| category | hybrid | hybrid@k2 | hybrid+consolidation@mcs5 |" in markdown
+    assert json.loads((tmp_path / "summary.json").read_text())["systems"]["hybrid@k2"]["k"] == 2
+
+
+# --------------------------------------------------------------------------- end to end (slow)
+
+E2E_SYSTEMS = "hybrid,hybrid+consolidation,full-context,rag"
+
+
+@pytest.fixture(scope="module")
+def e2e_config(tmp_path_factory) -> Path:
+    """The embedded default (SmolLM2 via llama.cpp, MiniLM on CPU), as a YAML file."""
+    pytest.importorskip("llama_cpp", reason="the embedded LLM needs llama-cpp-python (the 'cpu-llm' extra)")
+    path = tmp_path_factory.mktemp("config") / "cpu.yaml"
+    path.write_text(yaml.safe_dump({"embedder": {"device": "cpu"}, "llm": {"n_threads": 2}}))
+    return path
+
+
+def _cache_rows(path: Path) -> int:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT count(*) FROM llm_calls").fetchone()[0]
+
+
+def _options(locomo_path: Path, out: Path, **overrides) -> RunOptions:
+    values = dict(
+        benchmark="locomo", data=locomo_path, out=out, systems=E2E_SYSTEMS.split(","), conversations=["conv-26"],
+        limit=3, max_sessions=2, batch_size=8,
+    )
+    return RunOptions(**{**values, **overrides})
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, e2e_config, locomo_path):
+    """One real run through the CLI: ingest + curate 2 sessions, consolidate, 3 questions x 4 systems."""
+    from typer.testing import CliRunner
+
+    from hybridmem_local.cli import app
+
+    out = tmp_path_factory.mktemp("eval") / "run"
+    result = CliRunner().invoke(app, [
+        "eval", "locomo", "--data", str(locomo_path), "--config", str(e2e_config), "--conversations", "conv-26",
+        "--limit", "3", "--max-sessions", "2", "--systems", E2E_SYSTEMS, "--batch-size", "8", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.slow
+def test_a_run_writes_predictions_summary_plots_and_manifest(first_run, e2e_config):
+    out = first_run
+    records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    systems = E2E_SYSTEMS.split(",")
+    assert sorted((r["system"], r["question_id"]) for r in records) == sorted(
+        (s, f"conv-26:qa{i}") for s in systems for i in range(3)
+    )
+    for record in records:
+        assert record["gold"] and record["prediction"] is not None
+        assert (record["verdict"] is None) == (record["judge_error"] is not None)
+        assert record["prompt_tokens"] > record["context_tokens"] > 0
+        if record["system"] != "full-context":
+            # Evidence recall is read from the provenance of what was shown.
+            shown = {t for item in record["retrieved"] if item["shown"] for t in item["turn_ids"]}
+            assert record["metrics"]["evidence_recall"] == all(e in shown for e in record["evidence"])
+    assert any(r["retrieved"] for r in records if r["system"] == "hybrid"), "curation stored no memory at all"
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["systems"]) == systems
+    for label in systems:
+        mine = [r for r in records if r["system"] == label]
+        overall = summary["systems"][label]["overall"]
+        judged = [r["metrics"]["judge_correct"] for r in mine if r["metrics"]["judge_correct"] is not None]
+        assert overall["n"] == 3
+        assert overall["judge_accuracy"] == (pytest.approx(sum(judged) / len(judged)) if judged else None)
+        for key in ("f1_official", "f1", "bleu1", "evidence_recall", "evidence_recall@10", "context_tokens_mean",
+                    "prompt_tokens_mean"):
+            assert key in overall
+        assert set(summary["systems"][label]["by_category"]) == {r["category"] for r in mine}
+    assert summary["systems"]["full-context"]["overall"]["evidence_recall@10"] is None  # nothing is ranked
+    phases = summary["cost"]["phases"]
+    assert phases["curation"]["units"] == 2 and phases["curation"]["requests"] >= 2
+    assert phases["answering"]["requests"] == len(records)
+    assert "consolidation" in phases and summary["consolidation"]["mcs10"]["conversations"] == 1
+    assert summary["counts"]["full_context_truncations"] == sum(
+        r["context_truncated"] for r in records if r["system"] == "full-context"
+    )
+    assert "malformed_evidence" in summary["counts"]
+
+    markdown = (out / "summary.md").read_text()
+    assert all(f"| {label} |" in markdown for label in systems)
+    with open(out / "summary.csv", newline="") as f:
+        assert {r["system"] for r in csv.DictReader(f)} == set(systems)
+    for plot in ("scores_by_category.png", "recall_at_k.png", "compression_vs_accuracy.png"):
+        assert (out / plot).read_bytes()[:4] == b"\x89PNG"
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["models"]["llm"]["model_id"] == "llamacpp:smollm2-135m-instruct"
+    assert manifest["models"]["llm"]["revision"]  # pinned in models_manifest.yaml
+    assert manifest["prompt_versions"]["answer"].startswith("answer/")
+    assert manifest["config"]["consolidation"]["every_n_sessions"] == 0
+    assert "--max-sessions" in manifest["command_line"]
+    assert manifest["config_hash"] and manifest["seed"] == 0
+
+
+@pytest.mark.slow
+def test_a_second_run_asks_the_model_nothing(first_run, e2e_config, locomo_path):
+    config = load_config(e2e_config)
+    cache = first_run / "llm_cache.sqlite"
+    rows = _cache_rows(cache)
+    from hybridmem_local.eval.runner import run_evaluation
+
+    again = run_evaluation(_options(locomo_path, first_run), config)
+    assert again.model_calls == 0 and again.new_records == 0 and again.resumed_records == 12
+    # Without the predictions file every question is answered and judged again, from the cache.
+    (first_run / "predictions.jsonl").rename(first_run / "predictions.before.jsonl")
+    replay = run_evaluation(_options(locomo_path, first_run), config)
+    assert replay.new_records == 12
+    assert replay.usage["answering"].requests == 12 and replay.usage["answering"].cached == 12
+    assert replay.model_calls == 0 and _cache_rows(cache) == rows
+    before = {(r["system"], r["question_id"]): r["prediction"]
+              for r in map(json.loads, (first_run / "predictions.before.jsonl").read_text().splitlines())}
+    after = {(r["system"], r["question_id"]): r["prediction"]
+             for r in map(json.loads, (first_run / "predictions.jsonl").read_text().splitlines())}
+    assert after == before
+
+
+@pytest.mark.slow
+def test_retrieval_only_reuses_curated_stores_without_any_llm_call(first_run, e2e_config, locomo_path, tmp_path):
+    from hybridmem_local.eval.runner import run_evaluation
+
+    out = tmp_path / "recall"
+    result = run_evaluation(
+        _options(locomo_path, out, systems=["hybrid", "rag"], retrieval_only=True, stores=first_run / "stores"),
+        load_config(e2e_config),
+    )
+    assert result.model_calls == 0
+    assert sum(u.requests for u in result.usage.values()) == 0  # not even a cached one
+    assert _cache_rows(out / "llm_cache.sqlite") == 0
+    records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(records) == 6 and all(r["prediction"] is None and r["verdict"] is None for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    for label in ("hybrid", "rag"):
+        overall = summary["systems"][label]["overall"]
+        assert overall["judge_accuracy"] is None and overall["evidence_recall"] is not None
+        mine = [r for r in records if r["system"] == label]
+        assert overall["evidence_recall"] == pytest.approx(
+            sum(r["metrics"]["evidence_recall"] for r in mine) / len(mine)
+        )
+
+
+def _longmemeval_file(path: Path) -> Path:
+    """Two instances in the official format; the answer of the first is in its second session."""
+    def session(topic: str, answer: bool = False) -> list[dict]:
+        return [
+            {"role": "user", "content": f"Let me tell you about {topic}.", "has_answer": answer},
+            {"role": "assistant", "content": f"Sure, tell me more about {topic}."},
+        ]
+
+    instances = [
+        {
+            "question_id": "q-bike", "question_type": "single-session-user", "question": "What colour is my bike?",
+            "answer": "red", "question_date": "2023/06/01 (Thu) 10:00",
+            "haystack_session_ids": ["s-garden", "s-bike", "s-cook"],
+            "haystack_dates": ["2023/05/01 (Mon) 09:00", "2023/05/08 (Mon) 09:00", "2023/05/15 (Mon) 09:00"],
+            "haystack_sessions": [session("my garden and its tomatoes"), session("my new red bike", answer=True),
+                                  session("cooking pasta on Sundays")],
+            "answer_session_ids": ["s-bike"],
+        },
+        {
+            "question_id": "q-dog_abs", "question_type": "multi-session", "question": "What is my cat called?",
+            "answer": "You never mentioned a cat.", "question_date": "2023/06/01 (Thu) 10:00",
+            "haystack_session_ids": ["s-dog"], "haystack_dates": ["2023/05/01 (Mon) 09:00"],
+            "haystack_sessions": [session("my dog Rex")], "answer_session_ids": [],
+        },
+    ]
+    path.write_text(json.dumps(instances))
+    return path
+
+
+@pytest.mark.slow
+def test_longmemeval_retrieval_only_reports_session_recall(e2e_config, tmp_path):
+    from hybridmem_local.eval.runner import run_evaluation
+
+    data = _longmemeval_file(tmp_path / "lme.json")
+    options = RunOptions(benchmark="longmemeval", data=data, out=tmp_path / "out", systems=["rag", "full-context"],
+                         retrieval_only=True, recall_ks=[1, 2])
+    result = run_evaluation(options, load_config(e2e_config))
+    assert result.model_calls == 0
+    records = {(r["system"], r["question_id"]): r
+               for r in map(json.loads, (tmp_path / "out" / "predictions.jsonl").read_text().splitlines())}
+    assert len(records) == 4
+    bike = records[("rag", "q-bike")]
+    ranked_sessions = list(dict.fromkeys(t.rsplit(":", 1)[0] for item in bike["retrieved"] for t in item["turn_ids"]))
+    assert bike["metrics"]["session_recall@1"] == (ranked_sessions[:1] == ["s-bike"])
+    assert bike["metrics"]["session_recall@2"] == ("s-bike" in ranked_sessions[:2])
+    assert bike["metrics"]["evidence_recall"] is True  # three short sessions fit the budget whole
+    # No evidence and no answer session: not scorable, left out of the means.
+    assert records[("rag", "q-dog_abs")]["metrics"]["evidence_recall"] is None
+    assert records[("rag", "q-dog_abs")]["metrics"]["session_recall@1"] is None
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert set(summary["systems"]["rag"]["by_category"]) == {"single-session-user", "multi-session"}
+    assert summary["systems"]["full-context"]["overall"]["session_recall@1"] is None

@@ -1,0 +1,209 @@
+"""BM25 indexes on real bm25s + PyStemmer: matching, persistence, repair, isolation."""
+
+from __future__ import annotations
+
+import random
+import stat
+
+import numpy as np
+import pytest
+
+from hybridmem_local.lexical import LexicalIndex, memory_text, tokenize
+from hybridmem_local.memory import HybridMemory
+from hybridmem_local.schema import Episode, MemoryStatus, RelationalTuple
+from tests.factories import make_episode, make_tuple
+
+DOCS = {
+    10: "Caroline went running by the lake every morning",
+    20: "Melanie paints sunsets and sells her paintings",
+    30: "The support group meets on Tuesdays",
+    40: "Yes, of course.",
+    50: "Caroline adopted a greyhound from the shelter",
+}
+
+
+def build(tmp_path, docs=DOCS, recipe="test") -> LexicalIndex:
+    index = LexicalIndex(tmp_path / "ns", "tuple", recipe)
+    index.sync(np.array(sorted(docs)), lambda ids: [docs[int(i)] for i in ids])
+    return index
+
+
+def ids_of(hits):
+    return [i for i, _ in hits]
+
+
+# ----------------------------------------------------------------------------- matching
+
+
+def test_tokenizer_stems_and_drops_stopwords():
+    assert tokenize(["The runners were running to the paintings"]) == [["runner", "were", "run", "paint"]]
+
+
+def test_search_matches_stems_and_returns_only_documents_sharing_a_term(tmp_path):
+    index = build(tmp_path)
+    assert ids_of(index.search("who runs?", 10)) == [10]
+    assert ids_of(index.search("painted sunset", 10)) == [20]
+    assert set(ids_of(index.search("Caroline", 10))) == {10, 50}
+    assert index.search("the of and", 10) == []  # stopwords only
+    assert index.search("zeppelin", 10) == []  # unknown word
+    assert index.search("Caroline", 0) == []
+    assert len(index.search("Caroline greyhound", 1)) == 1
+    scores = [s for _, s in index.search("Caroline greyhound shelter", 10)]
+    assert scores == sorted(scores, reverse=True) and scores[0] > scores[-1] > 0
+
+
+def test_episode_text_has_title_summary_details_once_each():
+    episode = Episode(title="Zoo trip", summary="Saw pandas", details="Saw pandas", timestamp="2023-05-01")
+    assert memory_text(episode) == "Zoo trip\nSaw pandas"
+    tup = RelationalTuple(entity="Ann", relation="likes", object="tea", timestamp="2023")
+    assert memory_text(tup) == tup.render()
+
+
+def test_corpus_without_any_term_and_empty_corpus_find_nothing(tmp_path):
+    index = build(tmp_path, {1: "Yes!", 2: "and the"})
+    assert len(index) == 2 and ids_of(index.search("yes", 5)) == [1]
+    index = build(tmp_path, {1: "the", 2: "of a"})
+    assert index.search("the", 5) == []
+    index.save()
+    reloaded = LexicalIndex(tmp_path / "ns", "tuple", "test")
+    assert not reloaded.sync(np.array([1, 2]), lambda ids: pytest.fail("should load, not rebuild")).rebuilt
+    empty = build(tmp_path / "e", {})
+    assert len(empty) == 0 and empty.search("anything", 5) == []
+
+
+# ----------------------------------------------------------------------------- persistence and repair
+
+
+def test_saved_index_loads_without_rebuild_and_is_private(tmp_path):
+    index = build(tmp_path)
+    index.save()
+    files = index.files()
+    assert {p.name for p in files if p.is_file()} == {"tuple.bm25.json"}
+    (build_dir,) = [p for p in files if p.is_dir()]
+    assert stat.S_IMODE(build_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "ns").stat().st_mode) == 0o700
+    for path in [*build_dir.iterdir(), tmp_path / "ns" / "tuple.bm25.json"]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    reloaded = LexicalIndex(tmp_path / "ns", "tuple", "test")
+    report = reloaded.sync(np.array(sorted(DOCS)), lambda ids: pytest.fail("should load, not rebuild"))
+    assert not report.rebuilt
+    assert reloaded.search("Caroline greyhound", 5) == index.search("Caroline greyhound", 5)
+
+
+@pytest.mark.parametrize("damage", ["manifest_gone", "build_gone", "truncated", "garbage", "recipe", "stale"])
+def test_damaged_or_stale_index_is_rebuilt(tmp_path, damage):
+    index = build(tmp_path)
+    index.save()
+    expected = index.search("Caroline greyhound running", 5)
+    directory = tmp_path / "ns"
+    (build_dir,) = [p for p in index.files() if p.is_dir()]
+    docs, recipe = dict(DOCS), "test"
+    if damage == "manifest_gone":
+        (directory / "tuple.bm25.json").unlink()
+    elif damage == "build_gone":
+        for path in build_dir.iterdir():
+            path.unlink()
+        build_dir.rmdir()
+    elif damage == "truncated":
+        data = build_dir / "data.csc.index.npy"
+        data.write_bytes(data.read_bytes()[:20])
+    elif damage == "garbage":
+        (build_dir / "vocab.index.json").write_bytes(b"\x00not json")
+    elif damage == "recipe":
+        recipe = "another recipe"
+    elif damage == "stale":
+        del docs[50]  # SQLite no longer holds memory 50 as active
+        expected = [hit for hit in build(tmp_path / "fresh", docs).search("Caroline greyhound running", 5)]
+    repaired = LexicalIndex(directory, "tuple", recipe)
+    report = repaired.sync(np.array(sorted(docs)), lambda ids: [docs[int(i)] for i in ids])
+    assert report.rebuilt
+    assert repaired.search("Caroline greyhound running", 5) == expected
+    repaired.save()
+    # The new save leaves exactly one build folder (the damaged one is cleaned up).
+    assert len([p for p in repaired.files() if p.is_dir()]) == 1
+
+
+def test_a_crashed_save_leaves_the_previous_index_usable(tmp_path):
+    index = build(tmp_path)
+    index.save()
+    expected = index.search("Caroline", 5)
+    orphan = tmp_path / "ns" / "tuple.bm25.deadbeef0000"  # a build folder whose manifest was never written
+    orphan.mkdir()
+    (orphan / "labels.npy").write_bytes(b"partial")
+    reloaded = LexicalIndex(tmp_path / "ns", "tuple", "test")
+    assert not reloaded.sync(np.array(sorted(DOCS)), lambda ids: pytest.fail("no rebuild")).rebuilt
+    assert reloaded.search("Caroline", 5) == expected
+    reloaded.build(np.array(sorted(DOCS)), [DOCS[i] for i in sorted(DOCS)])
+    reloaded.save()
+    assert not orphan.exists()
+
+
+# ----------------------------------------------------------------------------- through HybridMemory
+
+
+@pytest.fixture
+def lexical_memory(tmp_path, minilm):
+    with HybridMemory.open(tmp_path / "m.db", embedder=minilm) as mem:
+        mem.config.retrieval.mode = "lexical"
+        yield mem
+
+
+def test_deleted_memory_leaves_the_lexical_index(lexical_memory):
+    mem = lexical_memory
+    ids = mem.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Paris"), make_tuple("Alice", "lives in", "Rome")])
+    assert {m.id for m in mem.search("Where does Alice live?", namespace="alice").memories()} == set(ids)
+    mem.delete(ids[0], reason="moved")
+    assert [m.id for m in mem.search("Where does Alice live?", namespace="alice").memories()] == [ids[1]]
+    assert mem.search("Paris", namespace="alice").memories() == []
+
+
+def test_another_writer_is_caught_up_and_saved_indexes_are_reused(tmp_path, minilm):
+    path = tmp_path / "m.db"
+    with HybridMemory.open(path, embedder=minilm) as reader:
+        reader.config.retrieval.mode = "lexical"
+        reader.add_memories("alice", episodes=[make_episode("Bakery", "Alice opened a bakery in Lyon.")])
+        assert len(reader.search("bakery", namespace="alice").episodes) == 1
+        with HybridMemory.open(path, embedder=minilm) as writer:
+            (new_id,) = writer.add_memories("alice", episodes=[make_episode("Second bakery", "Bob bought the bakery.")])
+            old_id = next(m.id for m in writer.list("alice") if m.id != new_id)
+            writer.store.set_status(old_id, MemoryStatus.deleted, reason="test")
+        assert [h.memory.id for h in reader.search("bakery", namespace="alice").episodes] == [new_id]
+    manifest = tmp_path / "m.db.indexes" / "alice" / "episode.bm25.json"
+    before = manifest.read_text()
+    with HybridMemory.open(path, embedder=minilm) as again:
+        again.config.retrieval.mode = "lexical"
+        assert [h.memory.id for h in again.search("bakery", namespace="alice").episodes] == [new_id]
+    assert manifest.read_text() == before  # loaded as saved, not rebuilt
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_namespaces_never_see_each_other_lexically(lexical_memory, seed):
+    mem = lexical_memory
+    rng = random.Random(seed)
+    words = ["kayak", "violin", "garden", "Lima", "Oslo", "quilt", "drone", "Biscuit"]
+    owned: dict[str, set[int]] = {"a": set(), "b": set()}
+    for round_ in range(5):
+        ns = rng.choice(["a", "b"])
+        drafts = [make_tuple(rng.choice(["Ann", "Ben"]), "has", f"a {rng.choice(words)} {round_}") for _ in range(rng.randint(1, 6))]
+        owned[ns].update(mem.add_memories(ns, tuples=drafts))
+        for query_ns in ("a", "b"):
+            query = " ".join(rng.sample(words, 4)) + " Ann Ben"
+            got = {m.id for m in mem.search(query, namespace=query_ns, k=50).memories()}
+            assert got <= owned[query_ns]
+            assert bool(got) == bool(owned[query_ns])
+
+
+def test_forget_and_rebuild_remove_lexical_files(lexical_memory):
+    mem = lexical_memory
+    mem.add_memories("alice", tuples=[make_tuple("Alice", "keeps", "her PIN under the mat")])
+    mem.add_memories("bob", tuples=[make_tuple("Bob", "drinks", "tea")])
+    assert len(mem.search("PIN", namespace="alice").tuples) == 1
+    index_dir = mem._index_dir("alice")
+    assert list(index_dir.glob("tuple.bm25*"))
+    mem.rebuild_indexes("alice")
+    assert not list(index_dir.glob("*.bm25*"))
+    assert len(mem.search("PIN", namespace="alice").tuples) == 1  # rebuilt on use
+    mem.forget("alice")
+    assert not index_dir.exists()
+    assert mem.search("PIN", namespace="alice").memories() == []
+    assert len(mem.search("tea", namespace="bob").tuples) == 1
