@@ -31,8 +31,13 @@ class AnswerDraft(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    answer: str = Field(description="a few words")
-    cited_memory_ids: list[str] = Field(description='short ids of the memories used, e.g. ["E1", "T3"]')
+    # Schema-only limits (constrained decoding obeys them, validation stays lenient): a small
+    # model cannot loop inside the answer, and cites only ids shaped like format_context's.
+    answer: str = Field(description="a few words", json_schema_extra={"maxLength": 200})
+    cited_memory_ids: list[str] = Field(
+        description='short ids of the memories used, e.g. ["E1", "T3"]',
+        json_schema_extra={"items": {"type": "string", "pattern": r"^[ET][0-9]{1,4}$"}},
+    )
 
 
 class Answer(BaseModel):

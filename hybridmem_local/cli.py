@@ -265,6 +265,55 @@ def demo(
 
 
 @app.command()
+def consolidate(
+    namespace: str = NAMESPACE_OPTION,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the clusters and the plan; change nothing."),
+    db: Path = DB_OPTION,
+    config: Optional[Path] = CONFIG_OPTION,
+) -> None:
+    """Cluster memories (UMAP → HDBSCAN) and merge/delete them with the LLM, as one undoable run."""
+    try:
+        with _open(db, config) as memory:
+            report = memory.consolidate(namespace, dry_run=dry_run)
+    except USER_ERRORS as exc:
+        raise _fail(exc)
+    console.print(report.table())
+
+
+@app.command()
+def undo(
+    run_id: int = typer.Argument(..., help="A consolidation run id (see `hybridmem consolidate`)."),
+    db: Path = DB_OPTION,
+    config: Optional[Path] = CONFIG_OPTION,
+) -> None:
+    """Restore exactly the state before a consolidation run."""
+    from hybridmem_local.consolidation import ConsolidationError
+
+    try:
+        with _open(db, config) as memory:
+            console.print_json(memory.undo(run_id).model_dump_json())
+    except (*USER_ERRORS, ConsolidationError) as exc:
+        raise _fail(exc)
+
+
+@app.command()
+def purge(
+    older_than_days: float = typer.Option(..., "--older-than", help="Days since a memory was superseded or deleted."),
+    namespace: str = NAMESPACE_OPTION,
+    db: Path = DB_OPTION,
+    config: Optional[Path] = CONFIG_OPTION,
+) -> None:
+    """Physically remove memories retired longer ago than --older-than days (with their history)."""
+    from datetime import timedelta
+
+    try:
+        with _open(db, config) as memory:
+            console.print_json(memory.purge(namespace, timedelta(days=older_than_days)).model_dump_json())
+    except USER_ERRORS as exc:
+        raise _fail(exc)
+
+
+@app.command()
 def doctor(
     config: Optional[Path] = CONFIG_OPTION,
     verify: bool = typer.Option(False, "--verify", help="Also recompute model checksums."),

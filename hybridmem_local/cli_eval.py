@@ -85,7 +85,7 @@ def _run(benchmark: str, **kwargs) -> None:
     except (ConfigError, DatasetError, ModelRegistryError, ValueError, FileNotFoundError) as exc:
         err.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(code=1)
-    console.print((result.out / SUMMARY_MD).read_text(encoding="utf-8"))
+    typer.echo((result.out / SUMMARY_MD).read_text(encoding="utf-8"))  # Markdown as is, not rewrapped
     console.print(
         f"{result.new_records} new records ({result.resumed_records} already done), "
         f"{result.model_calls} LLM calls to the model; results in {result.out}"

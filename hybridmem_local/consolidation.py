@@ -657,8 +657,9 @@ def _plan(
             if isinstance(outcome, GroupPlan):
                 outcome.attempts = 2
             outcomes[i] = outcome
+    retried = set(invalid)
     for i, ((group, _), outcome) in enumerate(zip(groups, outcomes)):
-        report.stores[group.kind].llm_calls += 2 if i in invalid else 1
+        report.stores[group.kind].llm_calls += 2 if i in retried else 1
         if isinstance(outcome, GroupPlan):
             plan.groups.append(outcome)
         else:

@@ -53,13 +53,24 @@ TEMPLATE_ALLOWANCE_TOKENS = 48
 #: Below this many tokens for turns, windows would hold too little conversation to be useful.
 MIN_TURN_BUDGET_TOKENS = 64
 
-# The JSON schema constrains timestamps to ISO form, so constrained backends cannot write
-# "last week"; validation stays lenient (servers that ignore schemas, impossible dates like
-# 2023-02-30) and :func:`normalise_timestamp` falls back to the session date instead of
-# failing the whole window.
-_ISO_DATE_JSON = {"pattern": r"^\d{4}(-\d{2}(-\d{2})?)?$"}
+# Constraints that only the JSON schema carries (constrained decoding obeys them; validation
+# stays lenient). Timestamps are held to ISO form, so a constrained model cannot write "last
+# week"; an impossible date (2023-02-30) or a server that ignores schemas is handled by
+# :func:`normalise_timestamp`, which falls back to the session date instead of failing the
+# window. String lengths are capped because small models loop inside a string until
+# max_new_tokens; the caps are generous for real memories and kept modest because Outlines'
+# index build grows with them (~1 s unbounded, ~35 s with these on a loaded 2-core CPU, once
+# per process; vLLM's compilers do not mind).
+_ISO_DATE = {"pattern": r"^\d{4}(-\d{2}(-\d{2})?)?$"}
+#: A memory cites a few turns; 40 characters fit LoCoMo ("D12:7") and LongMemEval
+#: ("answer_4be1b6b4_2:13") ids, and a longer one is dropped like any unknown id.
+_TURN_IDS = {"maxItems": 10, "items": {"type": "string", "maxLength": 40}}
 _ISO_DATE_IN_TEXT = re.compile(r"(?<!\d)(\d{4})-(\d{2})(?:-(\d{2}))?(?!\d)")
 _YEAR = re.compile(r"^\s*(\d{4})\s*$")
+
+
+def _text(max_chars: int):
+    return Field(min_length=1, json_schema_extra={"maxLength": max_chars})
 
 
 # --------------------------------------------------------------------------- LLM reply schema
@@ -70,20 +81,20 @@ class _Reply(BaseModel):
 
 
 class EpisodeReply(_Reply):
-    title: str = Field(min_length=1)
-    summary: str = Field(min_length=1)
-    details: str = Field(min_length=1)
-    timestamp: str = Field(description="YYYY-MM-DD", json_schema_extra=_ISO_DATE_JSON)
-    source_turn_ids: list[str]
+    title: str = _text(80)
+    summary: str = _text(200)
+    details: str = _text(600)
+    timestamp: str = Field(description="YYYY-MM-DD", json_schema_extra=_ISO_DATE)
+    source_turn_ids: list[str] = Field(json_schema_extra=_TURN_IDS)
 
 
 class TupleReply(_Reply):
-    entity: str = Field(min_length=1)
-    relation: str = Field(min_length=1)
-    object: str = Field(min_length=1)
-    timestamp: str = Field(description="YYYY-MM-DD", json_schema_extra=_ISO_DATE_JSON)
-    context: str
-    source_turn_ids: list[str]
+    entity: str = _text(60)
+    relation: str = _text(60)
+    object: str = _text(120)
+    timestamp: str = Field(description="YYYY-MM-DD", json_schema_extra=_ISO_DATE)
+    context: str = Field(json_schema_extra={"maxLength": 200})
+    source_turn_ids: list[str] = Field(json_schema_extra=_TURN_IDS)
 
 
 class CurationReply(_Reply):

@@ -9,31 +9,36 @@ milliseconds per thousand short documents; see scripts/bench_retrieval_budget.py
 On disk, in ``<store>.indexes/<namespace>/``:
 
 * ``<kind>.bm25.json`` — the manifest: format, text recipe, tokenizer, document count and
-  the name of the build folder it describes;
-* ``<kind>.bm25.<build>/`` — bm25s's own files plus ``labels.npy`` (the id of each document).
+  the build it describes;
+* ``<kind>.bm25.<build>.*`` — that build's files: bm25s's own (the score matrix, vocabulary,
+  parameters) and ``labels.npy`` (the id of each document).
 
-A save writes a fresh build folder and then replaces the manifest, so a crash leaves the old
-index or a new one, never a mix; a missing, unreadable or foreign index is rebuilt, never an
-error. Files are 0600 and folders 0700: they hold words of private conversations.
+A save writes a new build's files and then replaces the manifest, so a crash leaves the old
+index or the new one, never a mix, and the next save removes any other build's files; a
+missing, unreadable or foreign index is rebuilt, never an error. Files are 0600 and folders
+0700: they hold words of private conversations.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import shutil
 import uuid
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-import bm25s
 import numpy as np
-import Stemmer
 from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.index import SyncReport
 from hybridmem_local.schema import Episode, RelationalTuple
 from hybridmem_local.store import MemoryStore
+
+# bm25s (which pulls in numba and scipy, 1-3 s) and PyStemmer are imported on first lexical
+# use, not with the package.
+if TYPE_CHECKING:
+    import bm25s
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +52,19 @@ TOKENIZER = f"bm25s-{STOPWORDS}-stopwords+pystemmer-{STEMMER_LANGUAGE}"
 #: Returns the text of each id, in order.
 TextSource = Callable[[np.ndarray], Sequence[str]]
 
-_stemmer = Stemmer.Stemmer(STEMMER_LANGUAGE)
+
+@functools.cache
+def _stemmer():
+    import Stemmer
+
+    return Stemmer.Stemmer(STEMMER_LANGUAGE)
 
 
 def tokenize(texts: Sequence[str]) -> list[list[str]]:
     """Lower-cased word tokens, English stopwords removed, Snowball-stemmed."""
-    return bm25s.tokenize(list(texts), stopwords=STOPWORDS, stemmer=_stemmer, return_ids=False, show_progress=False)
+    import bm25s
+
+    return bm25s.tokenize(list(texts), stopwords=STOPWORDS, stemmer=_stemmer(), return_ids=False, show_progress=False)
 
 
 def memory_text(memory: Episode | RelationalTuple) -> str:
@@ -82,7 +94,7 @@ class LexicalManifest(BaseModel):
     count: int
     #: False when no document has a single term (bm25s writes no files for such a corpus).
     has_terms: bool
-    #: The build folder (``<kind>.bm25.<build>``) holding the bm25s files and labels.
+    #: Names this build's files (``<kind>.bm25.<build>.*``).
     build: str
 
 
@@ -95,7 +107,6 @@ class LexicalIndex:
         self.recipe = recipe
         self._bm25: bm25s.BM25 | None = None
         self._labels: np.ndarray | None = None  # None: not loaded or built yet
-        self._build: str | None = None
         self._dirty = False
 
     # ------------------------------------------------------------------ files
@@ -104,22 +115,31 @@ class LexicalIndex:
     def _manifest_path(self) -> Path:
         return self.directory / f"{self.kind}.bm25.json"
 
-    def _build_dir(self, build: str) -> Path:
-        return self.directory / f"{self.kind}.bm25.{build}"
+    def _build_files(self, build: str) -> dict[str, str]:
+        """File names of one build, keyed by the bm25s ``save``/``load`` argument they fill."""
+        stem = f"{self.kind}.bm25.{build}"
+        return {
+            "data_name": f"{stem}.data.npy",
+            "indices_name": f"{stem}.indices.npy",
+            "indptr_name": f"{stem}.indptr.npy",
+            "vocab_name": f"{stem}.vocab.json",
+            "params_name": f"{stem}.params.json",
+            "nnoc_name": f"{stem}.nonoccurrence.npy",
+        }
+
+    def _labels_path(self, build: str) -> Path:
+        return self.directory / f"{self.kind}.bm25.{build}.labels.npy"
 
     def files(self) -> list[Path]:
-        """Every file and folder of this index on disk (including orphans of a crashed save)."""
+        """Every file of this index on disk (including leftovers of a crashed save)."""
         if not self.directory.exists():
             return []
         return sorted(self.directory.glob(f"{self.kind}.bm25.*"))
 
     def delete_files(self) -> None:
         for path in self.files():
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        self._bm25, self._labels, self._build, self._dirty = None, None, None, False
+            path.unlink(missing_ok=True)
+        self._bm25, self._labels, self._dirty = None, None, False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -131,18 +151,21 @@ class LexicalIndex:
             manifest = LexicalManifest.model_validate_json(self._manifest_path.read_text())
             if (manifest.format, manifest.recipe, manifest.tokenizer) != (FORMAT, self.recipe, TOKENIZER):
                 return f"index built as {manifest.recipe!r} with {manifest.tokenizer}, wanted {self.recipe!r} with {TOKENIZER}"
-            build_dir = self._build_dir(manifest.build)
-            labels = np.load(build_dir / "labels.npy")
+            labels = np.load(self._labels_path(manifest.build))
             if labels.ndim != 1 or len(labels) != manifest.count:
                 return "label file does not match manifest"
             bm25 = None
             if manifest.has_terms:
-                bm25 = bm25s.BM25.load(str(build_dir), show_progress=False)
+                import bm25s
+
+                bm25 = bm25s.BM25.load(
+                    str(self.directory), **self._build_files(manifest.build), show_progress=False
+                )
                 if int(bm25.scores["num_docs"]) != manifest.count:
                     return "bm25 matrix does not match manifest"
         except Exception as exc:  # any unreadable file means: rebuild from SQLite
             return f"index unreadable ({type(exc).__name__}: {exc})"
-        self._bm25, self._labels, self._build = bm25, labels.astype(np.int64), manifest.build
+        self._bm25, self._labels = bm25, labels.astype(np.int64)
         return None
 
     def sync(self, active_ids: np.ndarray, texts_for: TextSource) -> SyncReport:
@@ -171,25 +194,26 @@ class LexicalIndex:
         bm25 = None
         # bm25s cannot index a corpus without a single token; such an index simply finds nothing.
         if any(corpus):
+            import bm25s
+
             bm25 = bm25s.BM25()
             bm25.index(corpus, show_progress=False)
-        self._bm25, self._labels, self._build, self._dirty = bm25, ids, None, True
+        self._bm25, self._labels, self._dirty = bm25, ids, True
 
     def save(self) -> None:
-        """Persist a changed index: new build folder first, then the manifest, then cleanup."""
+        """Persist a changed index: the new build's files, then the manifest, then cleanup."""
         if not self._dirty or self._labels is None:
             return
         for folder in (self.directory.parent, self.directory):
             folder.mkdir(exist_ok=True, mode=0o700)
         build = uuid.uuid4().hex[:12]
-        build_dir = self._build_dir(build)
-        build_dir.mkdir(mode=0o700)
         if self._bm25 is not None:
-            self._bm25.save(str(build_dir), show_progress=False)
-        np.save(build_dir / "labels.npy", self._labels)
-        for path in build_dir.iterdir():
-            os.chmod(path, 0o600)
-        os.chmod(build_dir, 0o700)
+            self._bm25.save(str(self.directory), **self._build_files(build), show_progress=False)
+        np.save(self._labels_path(build), self._labels)
+        current = f"{self.kind}.bm25.{build}."
+        for path in self.files():
+            if path.name.startswith(current):
+                os.chmod(path, 0o600)
         tmp_manifest = self.directory / f"{self.kind}.bm25.json.tmp"
         tmp_manifest.write_text(
             LexicalManifest(
@@ -199,9 +223,9 @@ class LexicalIndex:
         os.chmod(tmp_manifest, 0o600)
         os.replace(tmp_manifest, self._manifest_path)
         for path in self.files():
-            if path.is_dir() and path != build_dir:
-                shutil.rmtree(path)
-        self._build, self._dirty = build, False
+            if not path.name.startswith(current) and path != self._manifest_path:
+                path.unlink(missing_ok=True)
+        self._dirty = False
 
     # ------------------------------------------------------------------ queries
 
@@ -246,7 +270,7 @@ class MemoryLexicalIndexes:
             index = self._indexes[key] = LexicalIndex(self.index_dir(namespace), kind, self.RECIPE)
         marker = last_event_id(self.store)
         if self._checked_at.get(key) != marker:
-            report = index.sync(self.store.active_ids(namespace, kind), lambda ids: self._texts(ids))
+            report = index.sync(self.store.active_ids(namespace, kind), self._texts)
             if report.rebuilt:
                 index.save()
             self._checked_at[key] = marker

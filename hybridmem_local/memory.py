@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 from contextlib import nullcontext as _nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from hybridmem_local.answering import Answer
+    from hybridmem_local.consolidation import ConsolidationReport, PurgeReport, UndoReport
 
 log = logging.getLogger(__name__)
 
@@ -398,6 +399,27 @@ class HybridMemory:
             counts["llm_cache"] = forget_tag(self._llm_cache_path(), namespace)
         self._seen_data_version = self.store.data_version()
         return counts
+
+    # ------------------------------------------------------------------ consolidation
+
+    def consolidate(self, namespace: str, dry_run: bool = False) -> ConsolidationReport:
+        """Cluster the namespace's active memories and let the LLM merge/retire them (paper §3.2)."""
+        from hybridmem_local.clustering import make_clusterer
+        from hybridmem_local.consolidation import consolidate
+
+        return consolidate(self, namespace, self.llm, make_clusterer(self.config.consolidation), dry_run=dry_run)
+
+    def undo(self, run_id: int) -> UndoReport:
+        """Restore exactly the state before consolidation run ``run_id``."""
+        from hybridmem_local.consolidation import undo
+
+        return undo(self, run_id)
+
+    def purge(self, namespace: str, older_than: timedelta) -> PurgeReport:
+        """Physically delete superseded/deleted memories retired longer ago than ``older_than``."""
+        from hybridmem_local.consolidation import purge
+
+        return purge(self, namespace, older_than)
 
     # ------------------------------------------------------------------ reads
 

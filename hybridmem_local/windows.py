@@ -161,13 +161,6 @@ class WindowSource:
     def get(self, ids: Sequence[int]) -> dict[int, EvidenceWindow]:
         return {int(i): self.windows[int(i)] for i in ids if int(i) in self.windows}
 
-    def delete_files(self) -> None:
-        self._lexical.delete_files()
-        for path in VectorIndex(self.directory, WINDOW_KIND, "", 0, self.index_config).files():
-            path.unlink(missing_ok=True)
-        self._dense, self._marker, self.windows = None, None, {}
-        self._lexical_synced = self._dense_synced = False
-
 
 class WindowSources:
     """One :class:`WindowSource` per namespace; ``shape()`` gives the current (size, stride)."""
@@ -200,12 +193,9 @@ class WindowSources:
         return source
 
     def drop(self, namespace: str) -> None:
-        """Forget the namespace's windows and delete their index files."""
-        source = self._sources.pop(namespace, None)
-        if source is None:
-            size, stride = self._shape()
-            source = WindowSource(
-                self.store, self.index_dir(namespace), namespace, size, stride, self.index_config,
-                self._embedder_id, lambda texts: self._embed(namespace, texts),
-            )
-        source.delete_files()
+        """Forget the namespace's windows and delete their index files (both kinds)."""
+        self._sources.pop(namespace, None)
+        directory = self.index_dir(namespace)
+        LexicalIndex(directory, WINDOW_KIND).delete_files()
+        for path in VectorIndex(directory, WINDOW_KIND, "", 0, self.index_config).files():
+            path.unlink(missing_ok=True)

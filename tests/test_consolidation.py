@@ -298,6 +298,18 @@ def test_undo_is_refused_while_a_later_run_builds_on_the_same_memories(memory, p
 # --------------------------------------------------------------------------- invalid plans
 
 
+#: A real reply: SmolLM2-135M-Instruct (transformers backend, constrained to EpisodePlan) for a
+#: group of four LoCoMo observations. It merges M1 and deletes it too.
+RECORDED_SMOLLM2_REPLY = (
+    '{ "merges": [{"member_ids": ["M1", "M3"], "merged": {"title": "M1", "summary": "M1 attended an LGBTQ support '
+    'group recently and found the transgender stories inspiring.", "details": "M1 attended an LGBTQ support group '
+    'recently and found the transgender stories inspiring.", "timestamp": "2023-05-08" }}, { "member_ids": ["M2", '
+    '"M4"], "merged": {"title": "M2", "summary": "M2 attended an LGBTQ support group recently and found the '
+    'transgender stories inspiring.", "details": "M2 attended an LGBTQ support group recently and found the '
+    'transgender stories inspiring.", "timestamp": "2023-05-08" }} ] ,"deletions": [{"id": "M1", "reason": "outdated"}]}'
+)
+
+
 def _bad_episode_plans(request):
     hikes = ids_with(request, "Mount Tam")
     merged = {"title": "t", "summary": "s", "details": "d", "timestamp": "2023-05-05"}
@@ -306,17 +318,19 @@ def _bad_episode_plans(request):
         "duplicate id": ({"merges": [{"member_ids": hikes[:2], "merged": merged}],
                           "deletions": [{"id": hikes[0], "reason": "duplicate"}]}, "more than once"),
         "wrong schema": ({"merges": [{"member_ids": hikes[:1], "merged": {"title": "t"}}]}, "does not match EpisodePlan"),
-        "deletes everything": ({"merges": [], "deletions": [{"id": i, "reason": "outdated"} for i in hikes]},
+        "deletes everything": ({"merges": [], "deletions": [{"id": m["id"], "reason": "outdated"} for m in shown_memories(request)]},
                                "deletes every memory"),
+        "recorded SmolLM2 reply": (json.loads(RECORDED_SMOLLM2_REPLY), "'M1' is used more than once"),
     }
 
 
-@pytest.mark.parametrize("case", ["foreign id", "duplicate id", "wrong schema", "deletes everything"])
+@pytest.mark.parametrize("case", ["foreign id", "duplicate id", "wrong schema", "deletes everything", "recorded SmolLM2 reply"])
 def test_invalid_plans_are_retried_once_then_skipped_without_any_change(memory, planted, case):
     before = rows(memory, "memories")
     events_before = len(rows(memory, "events"))
     llm = ScriptedLLM(lambda request: json.dumps(_bad_episode_plans(request)[case][0]))
-    report = consolidate(memory, NS, llm, clusters={"episode": [[planted["hike1"], planted["hike2"], planted["hike3"]]]})
+    group = [planted["hike1"], planted["hike2"], planted["hike3"], planted["bakery"]]
+    report = consolidate(memory, NS, llm, clusters={"episode": [group]})
 
     expected_error = _bad_episode_plans(llm.batches[0][0])[case][1]
     assert [len(b) for b in llm.batches] == [1, 1], "one retry, in its own batch"
@@ -385,6 +399,16 @@ def test_maybe_consolidate_waits_for_enough_sessions(memory, planted):
     memory.config.consolidation.every_n_sessions = 0
     assert maybe_consolidate(memory, NS, RefusingLLM()) is None, "0 means never"
     assert maybe_consolidate(memory, "nobody", RefusingLLM()) is None
+
+    # Due: 3 sessions. 6 episodes and 5 tuples are too few for UMAP with 10 neighbours, so the
+    # run clusters nothing and asks the LLM nothing, but it is recorded and resets the counter.
+    memory.config.consolidation.every_n_sessions = 3
+    report = maybe_consolidate(memory, NS, RefusingLLM())
+    assert report is not None and report.run_id is not None and report.llm.requests == 0
+    assert "clustering needs at least" in report.stores["episode"].clustering_skipped
+    counter = memory.store.conn.execute("SELECT sessions_since_consolidation FROM namespaces WHERE name = ?", (NS,))
+    assert counter.fetchone()[0] == 0
+    assert maybe_consolidate(memory, NS, RefusingLLM()) is None
 
 
 def test_purge_removes_old_non_active_rows_their_vectors_and_history(memory, planted):

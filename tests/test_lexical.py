@@ -74,16 +74,19 @@ def test_corpus_without_any_term_and_empty_corpus_find_nothing(tmp_path):
 # ----------------------------------------------------------------------------- persistence and repair
 
 
+def builds(index: LexicalIndex) -> set[str]:
+    return {p.name.split(".")[2] for p in index.files() if p.name != "tuple.bm25.json"}
+
+
 def test_saved_index_loads_without_rebuild_and_is_private(tmp_path):
     index = build(tmp_path)
     index.save()
     files = index.files()
-    assert {p.name for p in files if p.is_file()} == {"tuple.bm25.json"}
-    (build_dir,) = [p for p in files if p.is_dir()]
-    assert stat.S_IMODE(build_dir.stat().st_mode) == 0o700
+    assert len(builds(index)) == 1 and (tmp_path / "ns" / "tuple.bm25.json") in files
+    assert {p.name.split(".", 3)[3] for p in files if p.name != "tuple.bm25.json"} >= {"labels.npy", "vocab.json", "data.npy"}
     assert stat.S_IMODE((tmp_path / "ns").stat().st_mode) == 0o700
-    for path in [*build_dir.iterdir(), tmp_path / "ns" / "tuple.bm25.json"]:
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for path in files:
+        assert path.is_file() and stat.S_IMODE(path.stat().st_mode) == 0o600, path
     reloaded = LexicalIndex(tmp_path / "ns", "tuple", "test")
     report = reloaded.sync(np.array(sorted(DOCS)), lambda ids: pytest.fail("should load, not rebuild"))
     assert not report.rebuilt
@@ -96,19 +99,18 @@ def test_damaged_or_stale_index_is_rebuilt(tmp_path, damage):
     index.save()
     expected = index.search("Caroline greyhound running", 5)
     directory = tmp_path / "ns"
-    (build_dir,) = [p for p in index.files() if p.is_dir()]
+    (build_id,) = builds(index)
     docs, recipe = dict(DOCS), "test"
     if damage == "manifest_gone":
         (directory / "tuple.bm25.json").unlink()
     elif damage == "build_gone":
-        for path in build_dir.iterdir():
+        for path in directory.glob(f"tuple.bm25.{build_id}.*"):
             path.unlink()
-        build_dir.rmdir()
     elif damage == "truncated":
-        data = build_dir / "data.csc.index.npy"
+        data = directory / f"tuple.bm25.{build_id}.data.npy"
         data.write_bytes(data.read_bytes()[:20])
     elif damage == "garbage":
-        (build_dir / "vocab.index.json").write_bytes(b"\x00not json")
+        (directory / f"tuple.bm25.{build_id}.vocab.json").write_bytes(b"\x00not json")
     elif damage == "recipe":
         recipe = "another recipe"
     elif damage == "stale":
@@ -119,17 +121,16 @@ def test_damaged_or_stale_index_is_rebuilt(tmp_path, damage):
     assert report.rebuilt
     assert repaired.search("Caroline greyhound running", 5) == expected
     repaired.save()
-    # The new save leaves exactly one build folder (the damaged one is cleaned up).
-    assert len([p for p in repaired.files() if p.is_dir()]) == 1
+    # The new save leaves exactly one build (the damaged one is cleaned up).
+    assert len(builds(repaired)) == 1 and builds(repaired) != {build_id}
 
 
 def test_a_crashed_save_leaves_the_previous_index_usable(tmp_path):
     index = build(tmp_path)
     index.save()
     expected = index.search("Caroline", 5)
-    orphan = tmp_path / "ns" / "tuple.bm25.deadbeef0000"  # a build folder whose manifest was never written
-    orphan.mkdir()
-    (orphan / "labels.npy").write_bytes(b"partial")
+    orphan = tmp_path / "ns" / "tuple.bm25.deadbeef0000.labels.npy"  # a build whose manifest was never written
+    orphan.write_bytes(b"partial")
     reloaded = LexicalIndex(tmp_path / "ns", "tuple", "test")
     assert not reloaded.sync(np.array(sorted(DOCS)), lambda ids: pytest.fail("no rebuild")).rebuilt
     assert reloaded.search("Caroline", 5) == expected

@@ -372,7 +372,9 @@ def write_plots(summary: dict[str, Any], out: Path) -> list[Path]:
 
 def _plot_categories(plt, summary):
     metric = headline_metric(summary)
-    systems = summary["systems"]
+    systems = {label: entry for label, entry in summary["systems"].items() if entry["overall"]["n"]}
+    if not systems:
+        return None
     categories = ordered_categories(c for e in systems.values() for c in e["by_category"]) + ["overall"]
     figure, axis = plt.subplots(figsize=(max(6, 1.4 * len(categories) + 2), 4.5))
     width = 0.8 / max(len(systems), 1)
@@ -401,6 +403,7 @@ def _plot_recall_at_k(plt, summary):
     figure, axis = plt.subplots(figsize=(6, 4))
     for label, values in curves.items():
         axis.plot(ks, [100 * (v or 0) for v in values], marker="o", label=label)
+    axis.set_xticks(ks)
     axis.set_xlabel("retrieval budget k (episodes k, tuples 2k, windows k)")
     axis.set_ylabel("questions with all evidence retrieved (%)")
     axis.set_ylim(0, 100)
@@ -421,6 +424,7 @@ def _plot_k_sweep(plt, summary):
     for (system, mcs), points in groups.items():
         name = system + (f" (mcs {mcs})" if mcs is not None else "")
         axis.plot([k for k, _ in points], [100 * (o.get(metric) or 0) for _, o in points], marker="o", label=name)
+    axis.set_xticks(sorted({k for points in groups.values() for k, _ in points}))
     axis.set_xlabel("retrieval budget k")
     axis.set_ylabel(f"{_TITLES.get(metric, metric)} (%)")
     axis.set_title("retrieval budget sweep")

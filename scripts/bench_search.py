@@ -1,0 +1,411 @@
+"""Search latency and recall at 10k / 100k (1M behind a flag) memories, as ratios.
+
+Two measurements per N, each against a reference timed in the same run (absolute times drift
+on shared cores, ratios much less):
+
+* **ANN vs exact** — the library's ``VectorIndex`` (hnswlib, config defaults M 16,
+  ef_construction 200, ef_search 50) against exact search (numpy: one matrix-vector product
+  and an argpartition) over the same normalised vectors: query p50/p95 at k = 10 (and at the
+  hybrid candidate depth, 100), recall@10 of ANN against exact, speed-up exact / ANN.
+  Target: recall@10 ≥ 0.99 and ≥ 20× faster than exact at 100k.
+* **End to end** — ``HybridMemory.search()`` (query embedding, hnswlib, BM25 and fusion in the
+  default hybrid mode, SQLite fetch of the hits) against embedding the query alone, queries
+  interleaved; dense mode (the paper's) and hybrid mode (the default). Target: search p95 ≤
+  1.25 × query-embedding p95. An instrumented ``Retriever`` (timers around the embedder, the
+  index and BM25 lookups and the row fetch; nothing added to the library) splits the time.
+
+Vectors: N synthetic 384-d unit vectors that look like MiniLM's — each is the real MiniLM
+embedding of a LoCoMo turn plus gaussian noise (cosine ≈ 0.85 to its source: a paraphrase),
+renormalised (``--distribution uniform`` gives structureless vectors, the hardest case for
+HNSW). Queries are the real LoCoMo questions, embedded by MiniLM. The end-to-end store holds
+N memories (1/3 episodes, 2/3 tuples) whose texts are the source turns and whose vectors are
+put straight into the embedding cache, so nothing is embedded at build time; search then
+runs exactly as in the library (the query is embedded for real).
+
+    python scripts/bench_search.py --sizes 10000 100000 --out runs/bench_search.json
+    python scripts/bench_search.py --sizes 10000 --queries 50          # a quick look
+    python scripts/bench_search.py --with-1m                           # adds N = 1,000,000 (long)
+
+Threads: ``--threads 1`` (default) runs torch and BLAS on one thread. On 2 shared, busy cores
+torch's 2-thread pool made a single MiniLM query ~30× slower (1.1 s vs 36 ms, measured while
+other jobs ran); hnswlib answers one query on one thread anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"
+DEFAULT_CACHE = REPO / "runs" / "bench_cache"
+DIM = 384
+#: Per-coordinate noise: cosine to the source ≈ 1 / sqrt(1 + 384 σ²) ≈ 0.85.
+PARAPHRASE_SIGMA = 0.032
+TARGET_RECALL = 0.99
+TARGET_SPEEDUP = 20.0
+TARGET_E2E_RATIO = 1.25
+
+console = Console()
+
+
+# --------------------------------------------------------------------------- shared by the bench_* scripts
+
+
+def machine() -> dict:
+    """Where and how a bench ran (recorded with every result)."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    packages = {}
+    for name in ("torch", "sentence-transformers", "hnswlib", "bm25s", "numpy", "llama_cpp_python", "transformers"):
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            packages[name] = None
+    return {
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": packages,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def set_threads(n: int) -> None:
+    """torch intra-op threads and BLAS threads (numpy's exact search) to ``n``."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(n)
+    threadpool_limits(n)
+
+
+def summary(seconds: list[float]) -> dict:
+    """p50 / p95 / mean in milliseconds."""
+    ms = sorted(s * 1000 for s in seconds)
+    return {"n": len(ms), "p50_ms": _pct(ms, 50), "p95_ms": _pct(ms, 95), "mean_ms": statistics.fmean(ms)}
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    return float(np.percentile(sorted_values, q)) if sorted_values else float("nan")
+
+
+def timed(fn: Callable, *args) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - start, out
+
+
+def write_json(path: Path | None, payload: dict) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    console.print(f"wrote {path}")
+
+
+def load_embedder():
+    from hybridmem_local.config import EmbedderConfig
+    from hybridmem_local.embedding import build_embedder
+
+    return build_embedder(EmbedderConfig(device="cpu"))
+
+
+def locomo_texts(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """(speaker, text) of every LoCoMo turn, and every question, of the dev file."""
+    from hybridmem_local.eval.locomo import load_locomo
+
+    dataset = load_locomo(path)
+    turns = [(t.speaker, t.text) for c in dataset.conversations for s in c.sessions for t in s.turns if t.text.strip()]
+    questions = [q.question for c in dataset.conversations for q in c.questions]
+    return turns, questions
+
+
+def cached_embeddings(embedder, texts: list[str], cache_dir: Path, name: str) -> np.ndarray:
+    """MiniLM vectors of ``texts``, kept in ``cache_dir`` between runs (embedding 5k texts takes a minute)."""
+    cache = cache_dir / f"{name}.{embedder.model_id}.npz"
+    if cache.exists():
+        stored = np.load(cache, allow_pickle=False)
+        if list(stored["texts"]) == texts:
+            return stored["vectors"]
+    vectors = embedder.embed(texts)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, texts=np.array(texts), vectors=vectors)
+    return vectors
+
+
+# --------------------------------------------------------------------------- vectors
+
+
+def synthetic_vectors(base: np.ndarray, n: int, distribution: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` unit vectors and the base row each one derives from (-1 for uniform)."""
+    rng = np.random.default_rng(seed)
+    if distribution == "uniform":
+        vectors = rng.standard_normal((n, DIM)).astype(np.float32)
+        sources = np.full(n, -1)
+    else:
+        sources = rng.integers(0, len(base), n)
+        vectors = base[sources] + rng.normal(0, PARAPHRASE_SIGMA, (n, DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors, sources
+
+
+def exact_top_k(matrix: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
+    scores = matrix @ query
+    top = np.argpartition(-scores, k)[:k]
+    return top[np.argsort(-scores[top])]
+
+
+# --------------------------------------------------------------------------- ANN vs exact
+
+
+def bench_ann(vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int = 100) -> dict:
+    from hybridmem_local.config import IndexConfig
+    from hybridmem_local.index import VectorIndex
+
+    config = IndexConfig()
+    with tempfile.TemporaryDirectory() as folder:
+        index = VectorIndex(Path(folder), "tuple", "bench", DIM, config)
+        ids = np.arange(len(vectors), dtype=np.int64)
+        index.sync(np.array([], dtype=np.int64), lambda _: vectors[:0])  # an empty index
+        start = time.perf_counter()
+        for chunk in range(0, len(vectors), 10_000):  # as sync() adds: in batches, 2 hnswlib threads
+            index.add(ids[chunk:chunk + 10_000], vectors[chunk:chunk + 10_000])
+        build_s = time.perf_counter() - start
+        ann_s, exact_s, deep_s, recalls = [], [], [], []
+        for query in queries:
+            t_exact, exact = timed(exact_top_k, vectors, query, k)
+            t_ann, found = timed(index.search, query, k)
+            t_deep, _ = timed(index.search, query, depth)
+            exact_s.append(t_exact)
+            ann_s.append(t_ann)
+            deep_s.append(t_deep)
+            recalls.append(len({i for i, _ in found} & set(exact.tolist())) / k)
+    ann, exact, deep = summary(ann_s), summary(exact_s), summary(deep_s)
+    return {
+        "build_s": build_s,
+        "ann_k10": ann,
+        "ann_depth100": deep,
+        "exact_k10": exact,
+        "recall_at_10": statistics.fmean(recalls),
+        "speedup_p50": exact["p50_ms"] / ann["p50_ms"],
+        "speedup_p95": exact["p95_ms"] / ann["p95_ms"],
+    }
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+RELATIONS = ["mentioned", "talked about", "is interested in", "shared", "plans", "remembers", "enjoys", "worries about"]
+
+
+def build_store(db: Path, model_id: str, turns: list[tuple[str, str]], vectors: np.ndarray, sources: np.ndarray) -> dict:
+    """A store of len(vectors) memories whose cached vectors are ``vectors`` (nothing embedded)."""
+    from hybridmem_local.memory import _as_stored
+    from hybridmem_local.schema import EpisodeDraft, TupleDraft
+    from hybridmem_local.store import MemoryStore
+
+    drafts = []
+    for i, source in enumerate(sources.tolist()):
+        speaker, text = turns[source]
+        # The suffix makes every text (and so every cache key) unique.
+        if i % 3 == 0:
+            drafts.append(EpisodeDraft(title=f"{speaker}'s news", summary=text[:80], details=f"{text} [{i}]",
+                                       timestamp=f"2023-{1 + i % 12:02d}-{1 + i % 28:02d}"))
+        else:
+            drafts.append(TupleDraft(entity=speaker, relation=RELATIONS[i % len(RELATIONS)], object=f"{text[:120]} [{i}]",
+                                     timestamp=f"2023-{1 + i % 12:02d}-{1 + i % 28:02d}", context=""))
+    texts = [_as_stored(d, "bench").index_text() for d in drafts]
+    store = MemoryStore(db)
+    start = time.perf_counter()
+    with store.transaction():
+        store.insert_memories("bench", drafts)
+        store.put_embeddings("bench", model_id, texts, vectors)
+    seconds = time.perf_counter() - start
+    store.close()
+    return {"memories": len(drafts), "insert_s": seconds}
+
+
+class StageTimer:
+    """Wraps the callables a Retriever is built from and records their time per query."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.current[name] = self.current.get(name, 0.0) + time.perf_counter() - start
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        def timed_call(*args, **kwargs):
+            with self.stage(name):
+                return fn(*args, **kwargs)
+        return timed_call
+
+
+class _TimedSearch:
+    """An index (hnswlib or BM25) whose ``search`` is timed; everything else passes through."""
+
+    def __init__(self, inner, timer: StageTimer, name: str):
+        self._inner, self.search = inner, timer.wrap(name, inner.search)
+
+    def __getattr__(self, attr):
+        return getattr(self._inner, attr)
+
+
+class _TimedStore:
+    def __init__(self, inner, timer: StageTimer):
+        self._inner, self.get_memories = inner, timer.wrap("sqlite_fetch", inner.get_memories)
+
+    def __getattr__(self, attr):
+        return getattr(self._inner, attr)
+
+
+def instrumented_retriever(memory, timer: StageTimer):
+    from hybridmem_local.retrieval import Retriever
+
+    return Retriever(
+        _TimedStore(memory.store, timer),
+        lambda ns, kind: _TimedSearch(memory.index_for(ns, kind), timer, "dense_index"),
+        timer.wrap("embed", memory.embed_query),
+        memory.config.retrieval,
+        lambda ns, kind: _TimedSearch(memory.lexical.get(ns, kind), timer, "lexical_bm25"),
+        memory.windows.get,
+    )
+
+
+def bench_end_to_end(db: Path, embedder, questions: list[str], mode: str) -> dict:
+    from hybridmem_local.config import load_config
+    from hybridmem_local.memory import HybridMemory
+
+    config = load_config(overrides={"retrieval.mode": mode})
+    with HybridMemory.open(db, config, embedder=embedder) as memory:
+        # First search loads or builds every index it needs (hnswlib from cached vectors, BM25).
+        first_s, _ = timed(memory.search, questions[0], "bench")
+        embed_s, search_s = [], []
+        for i, question in enumerate(questions):
+            pair = [("embed", lambda: memory.embed_query(question)), ("search", lambda: memory.search(question, "bench"))]
+            for name, fn in pair if i % 2 == 0 else pair[::-1]:  # alternate the order: drift hits both alike
+                seconds, _ = timed(fn)
+                (embed_s if name == "embed" else search_s).append(seconds)
+        timer = StageTimer()
+        retriever = instrumented_retriever(memory, timer)
+        k = config.retrieval.k
+        stages: dict[str, list[float]] = {}
+        for question in questions:
+            timer.current = {}
+            total, _ = timed(retriever.search, question, "bench", k, config.retrieval.tuple_multiplier * k)
+            timer.current["other (fusion, hits)"] = total - sum(timer.current.values())
+            timer.current["total"] = total
+            for name, seconds in timer.current.items():
+                stages.setdefault(name, []).append(seconds)
+    embed, search = summary(embed_s), summary(search_s)
+    return {
+        "mode": mode,
+        "first_search_s": first_s,
+        "query_embedding": embed,
+        "search": search,
+        "ratio_p95": search["p95_ms"] / embed["p95_ms"],
+        "ratio_p50": search["p50_ms"] / embed["p50_ms"],
+        "stages": {name: summary(values) for name, values in stages.items()},
+    }
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--with-1m", action="store_true", help="also N = 1,000,000 (ANN only; long and ~4 GB)")
+    parser.add_argument("--queries", type=int, default=200, help="LoCoMo questions used as queries")
+    parser.add_argument("--distribution", choices=["paraphrase", "uniform"], default="paraphrase")
+    parser.add_argument("--no-end-to-end", action="store_true", help="ANN vs exact only")
+    parser.add_argument("--threads", type=int, default=1, help="torch and BLAS threads (see the module docstring)")
+    parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where base embeddings are kept between runs")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    info = machine()
+    set_threads(args.threads)
+    embedder = load_embedder()
+    turns, questions = locomo_texts(args.locomo)
+    base = cached_embeddings(embedder, [t for _, t in turns], args.cache, "locomo_turns")
+    rng = random.Random(0)
+    questions = rng.sample(questions, min(args.queries, len(questions)))
+    query_vectors = embedder.embed(questions)
+    sizes = sorted(set(args.sizes + ([1_000_000] if args.with_1m else [])))
+    results = {"machine": info, "threads": args.threads, "distribution": args.distribution, "queries": len(questions),
+               "targets": {"recall_at_10": TARGET_RECALL, "speedup_at_100k": TARGET_SPEEDUP, "e2e_p95_over_embed_p95": TARGET_E2E_RATIO},
+               "sizes": {}}
+    for n in sizes:
+        console.print(f"[bold]N = {n:,}[/]")
+        vectors, sources = synthetic_vectors(base, n, args.distribution)
+        entry = results["sizes"][n] = {"ann": bench_ann(vectors, query_vectors)}
+        if not args.no_end_to_end and n <= 100_000 and args.distribution == "paraphrase":
+            with tempfile.TemporaryDirectory() as folder:
+                db = Path(folder) / "bench.db"
+                entry["store"] = build_store(db, embedder.model_id, turns, vectors, sources)
+                entry["end_to_end"] = {mode: bench_end_to_end(db, embedder, questions, mode) for mode in ("dense", "hybrid")}
+        del vectors
+    results["machine"]["load_average_at_end"] = os.getloadavg()
+    print_tables(results)
+    write_json(args.out, results)
+
+
+def print_tables(results: dict) -> None:
+    ann = Table(title=f"ANN (hnswlib via VectorIndex) vs exact numpy · {results['distribution']} vectors · "
+                      f"{results['queries']} LoCoMo questions · {results['threads']} thread(s)")
+    for column in ("N", "build s", "ANN p50 ms", "ANN p95 ms", "exact p50 ms", "exact p95 ms", "speed-up p50",
+                   "speed-up p95", "recall@10", "ANN@100 p95 ms"):
+        ann.add_column(column, justify="right")
+    for n, entry in results["sizes"].items():
+        a = entry["ann"]
+        ann.add_row(f"{n:,}", f"{a['build_s']:.1f}", f"{a['ann_k10']['p50_ms']:.3f}", f"{a['ann_k10']['p95_ms']:.3f}",
+                    f"{a['exact_k10']['p50_ms']:.2f}", f"{a['exact_k10']['p95_ms']:.2f}", f"{a['speedup_p50']:.1f}×",
+                    f"{a['speedup_p95']:.1f}×", f"{a['recall_at_10']:.4f}", f"{a['ann_depth100']['p95_ms']:.3f}")
+    console.print(ann)
+    e2e = Table(title="HybridMemory.search() vs embedding the query alone (same run, interleaved)")
+    for column in ("N", "mode", "embed p50", "embed p95", "search p50", "search p95", "p95 ratio", "target",
+                   "embed", "dense index", "BM25", "SQLite fetch", "other"):
+        e2e.add_column(column, justify="right")
+    for n, entry in results["sizes"].items():
+        for mode, r in entry.get("end_to_end", {}).items():
+            stages = r["stages"]
+            share = lambda name: f"{stages[name]['p50_ms']:.2f}" if name in stages else "-"
+            e2e.add_row(f"{n:,}", mode, f"{r['query_embedding']['p50_ms']:.1f}", f"{r['query_embedding']['p95_ms']:.1f}",
+                        f"{r['search']['p50_ms']:.1f}", f"{r['search']['p95_ms']:.1f}", f"{r['ratio_p95']:.2f}×",
+                        "ok" if r["ratio_p95"] <= TARGET_E2E_RATIO else "MISS",
+                        share("embed"), share("dense_index"), share("lexical_bm25"), share("sqlite_fetch"),
+                        share("other (fusion, hits)"))
+    if e2e.row_count:
+        e2e.caption = "times in ms; stage columns: p50 per stage from an instrumented Retriever"
+        console.print(e2e)
+
+
+if __name__ == "__main__":
+    main()
