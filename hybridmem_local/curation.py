@@ -171,7 +171,7 @@ class _Checked:
     timestamps_defaulted: int
 
 
-def check_reply(reply: CurationReply, turn_ids: Sequence[str], session_date: date) -> _Checked:
+def check_curation_reply(reply: CurationReply, turn_ids: Sequence[str], session_date: date) -> _Checked:
     """Keep only cited ids among ``turn_ids``; give every memory a valid timestamp."""
     known = set(turn_ids)
     dropped: list[str] = []
@@ -316,13 +316,15 @@ class Curator:
         return lines
 
     def _fit(self, line: str, session_id: str) -> str:
-        tokens = self.llm.count_tokens(line)
+        tokens = self.llm.count_tokens(line + "\n")  # as the window split counts it
         if tokens <= self.turn_budget:
             return line
-        log.warning("session %s: a turn of %d tokens is cut to the %d-token window", session_id, tokens, self.turn_budget)
+        log.warning(
+            "session %s: a turn of %d tokens is cut to the %d-token window", session_id, tokens, self.turn_budget
+        )
         while tokens > self.turn_budget:
             line = line[: int(len(line) * self.turn_budget / tokens * 0.9)]
-            tokens = self.llm.count_tokens(line + " [cut]")
+            tokens = self.llm.count_tokens(line + " [cut]\n")
         return line + " [cut]"
 
     def windows(self, session: Session, session_index: int = 0) -> list[Window]:
@@ -378,7 +380,8 @@ class Curator:
                 tally = tallies[window.session_index]
                 tally.count(result)
                 if result.ok and isinstance(result.parsed, CurationReply):
-                    tally.parts.append((window.start, check_reply(result.parsed, window.turn_ids, window.session.started_at.date())))
+                    checked = check_curation_reply(result.parsed, window.turn_ids, window.session.started_at.date())
+                    tally.parts.append((window.start, checked))
                 else:
                     failed.append((window, result.error or "reply is not a CurationReply"))
             last_round = round_number == self.config.retry_rounds
@@ -403,7 +406,9 @@ class Curator:
         parts = [checked for _, checked in sorted(tally.parts, key=lambda part: part[0])]
         dropped = list(dict.fromkeys(t for p in parts for t in p.dropped_turn_ids))
         if dropped:
-            log.warning("session %s: dropped cited turn ids that the model was not shown: %s", session.session_id, dropped[:10])
+            log.warning(
+                "session %s: dropped cited turn ids that the model was not shown: %s", session.session_id, dropped[:10]
+            )
         result = None
         if not tally.errors:
             result = CurationResult(

@@ -6,7 +6,8 @@ on shared cores, ratios much less):
 * **ANN vs exact** — the library's ``VectorIndex`` (hnswlib, config defaults M 16,
   ef_construction 200, ef_search 50) against exact search (numpy: one matrix-vector product
   and an argpartition) over the same normalised vectors: query p50/p95 at k = 10 (and at the
-  hybrid candidate depth, 100), recall@10 of ANN against exact, speed-up exact / ANN.
+  hybrid candidate depth, 100), recall@10 of ANN against exact, speed-up exact / ANN, and
+  recall and latency at ef_search 100 and 200.
   Target: recall@10 ≥ 0.99 and ≥ 20× faster than exact at 100k.
 * **End to end** — ``HybridMemory.search()`` (query embedding, hnswlib, BM25 and fusion in the
   default hybrid mode, SQLite fetch of the hits) against embedding the query alone, queries
@@ -62,7 +63,7 @@ TARGET_RECALL = 0.99
 TARGET_SPEEDUP = 20.0
 TARGET_E2E_RATIO = 1.25
 
-console = Console()
+console = Console(width=170)
 
 
 # --------------------------------------------------------------------------- shared by the bench_* scripts
@@ -178,7 +179,8 @@ def exact_top_k(matrix: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
 # --------------------------------------------------------------------------- ANN vs exact
 
 
-def bench_ann(vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int = 100) -> dict:
+def bench_ann(vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int = 100,
+              ef_sweep: tuple[int, ...] = (100, 200)) -> dict:
     from hybridmem_local.config import IndexConfig
     from hybridmem_local.index import VectorIndex
 
@@ -200,6 +202,17 @@ def bench_ann(vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int 
             ann_s.append(t_ann)
             deep_s.append(t_deep)
             recalls.append(len({i for i, _ in found} & set(exact.tolist())) / k)
+        # What a larger ef_search (IndexConfig.ef_search) buys: recall@10 and latency.
+        sweep = {}
+        exact_ids = [set(exact_top_k(vectors, query, k).tolist()) for query in queries]
+        for ef in ef_sweep:
+            index.config = config.model_copy(update={"ef_search": ef})
+            seconds, hits = [], []
+            for query, truth in zip(queries, exact_ids, strict=True):
+                t, found = timed(index.search, query, k)
+                seconds.append(t)
+                hits.append(len({i for i, _ in found} & truth) / k)
+            sweep[ef] = {"recall_at_10": statistics.fmean(hits), **summary(seconds)}
     ann, exact, deep = summary(ann_s), summary(exact_s), summary(deep_s)
     return {
         "build_s": build_s,
@@ -207,6 +220,8 @@ def bench_ann(vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int 
         "ann_depth100": deep,
         "exact_k10": exact,
         "recall_at_10": statistics.fmean(recalls),
+        "ef_search": config.ef_search,
+        "ef_sweep": sweep,
         "speedup_p50": exact["p50_ms"] / ann["p50_ms"],
         "speedup_p95": exact["p95_ms"] / ann["p95_ms"],
     }
@@ -307,10 +322,9 @@ def bench_end_to_end(db: Path, embedder, questions: list[str], mode: str) -> dic
         first_s, _ = timed(memory.search, questions[0], "bench")
         embed_s, search_s = [], []
         for i, question in enumerate(questions):
-            pair = [("embed", lambda: memory.embed_query(question)), ("search", lambda: memory.search(question, "bench"))]
-            for name, fn in pair if i % 2 == 0 else pair[::-1]:  # alternate the order: drift hits both alike
-                seconds, _ = timed(fn)
-                (embed_s if name == "embed" else search_s).append(seconds)
+            pair = [(embed_s, memory.embed_query, (question,)), (search_s, memory.search, (question, "bench"))]
+            for samples, fn, fn_args in pair if i % 2 == 0 else pair[::-1]:  # alternate: drift hits both alike
+                samples.append(timed(fn, *fn_args)[0])
         timer = StageTimer()
         retriever = instrumented_retriever(memory, timer)
         k = config.retrieval.k
@@ -381,13 +395,14 @@ def print_tables(results: dict) -> None:
     ann = Table(title=f"ANN (hnswlib via VectorIndex) vs exact numpy · {results['distribution']} vectors · "
                       f"{results['queries']} LoCoMo questions · {results['threads']} thread(s)")
     for column in ("N", "build s", "ANN p50 ms", "ANN p95 ms", "exact p50 ms", "exact p95 ms", "speed-up p50",
-                   "speed-up p95", "recall@10", "ANN@100 p95 ms"):
+                   "speed-up p95", "recall@10", "ANN@100 p95 ms", "ef 100: recall / p95", "ef 200: recall / p95"):
         ann.add_column(column, justify="right")
     for n, entry in results["sizes"].items():
         a = entry["ann"]
         ann.add_row(f"{n:,}", f"{a['build_s']:.1f}", f"{a['ann_k10']['p50_ms']:.3f}", f"{a['ann_k10']['p95_ms']:.3f}",
                     f"{a['exact_k10']['p50_ms']:.2f}", f"{a['exact_k10']['p95_ms']:.2f}", f"{a['speedup_p50']:.1f}×",
-                    f"{a['speedup_p95']:.1f}×", f"{a['recall_at_10']:.4f}", f"{a['ann_depth100']['p95_ms']:.3f}")
+                    f"{a['speedup_p95']:.1f}×", f"{a['recall_at_10']:.4f}", f"{a['ann_depth100']['p95_ms']:.3f}",
+                    *(f"{a['ef_sweep'][ef]['recall_at_10']:.4f} / {a['ef_sweep'][ef]['p95_ms']:.3f}" for ef in (100, 200)))
     console.print(ann)
     e2e = Table(title="HybridMemory.search() vs embedding the query alone (same run, interleaved)")
     for column in ("N", "mode", "embed p50", "embed p95", "search p50", "search p95", "p95 ratio", "target",
@@ -396,7 +411,9 @@ def print_tables(results: dict) -> None:
     for n, entry in results["sizes"].items():
         for mode, r in entry.get("end_to_end", {}).items():
             stages = r["stages"]
-            share = lambda name: f"{stages[name]['p50_ms']:.2f}" if name in stages else "-"
+
+            def share(name: str, stages: dict = stages) -> str:
+                return f"{stages[name]['p50_ms']:.2f}" if name in stages else "-"
             e2e.add_row(f"{n:,}", mode, f"{r['query_embedding']['p50_ms']:.1f}", f"{r['query_embedding']['p95_ms']:.1f}",
                         f"{r['search']['p50_ms']:.1f}", f"{r['search']['p95_ms']:.1f}", f"{r['ratio_p95']:.2f}×",
                         "ok" if r["ratio_p95"] <= TARGET_E2E_RATIO else "MISS",

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
 
 import pytest
 
+import hybridmem_local
 from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.curation import CurationReply, Curator, normalise_timestamp
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
@@ -303,6 +305,20 @@ def test_a_context_too_small_for_the_prompt_is_a_clear_error():
         curator_for(ScriptedLLM(lambda r: ""), llm_config=LLMConfig(context_tokens=512, max_new_tokens=400))
 
 
+def test_the_demo_sessions_read_and_carry_relative_dates_to_annotate():
+    from hybridmem_local.ingest import read_sessions_jsonl
+
+    path = Path(hybridmem_local.__file__).parent / "examples" / "demo_sessions.jsonl"
+    sessions = read_sessions_jsonl(path)
+    assert len(sessions) == 3
+    turn_ids = [t.turn_id for s in sessions for t in s.turns]
+    assert len(turn_ids) == len(set(turn_ids))
+    curator = curator_for(ScriptedLLM(reply_citing(lambda shown: shown)))
+    for session in sessions:
+        annotated = [line for line in curator.render_lines(session) if re.search(r" \[~?(week of |weekend of )?\d{4}", line)]
+        assert annotated, f"session {session.session_id} has no relative date to annotate"
+
+
 # --------------------------------------------------------------------------- SmolLM2 (real model)
 
 
@@ -324,7 +340,11 @@ class CountingLLM:
         return self.inner.generate(requests)
 
 
-SMOLLM_CONFIG = LLMConfig(backend="llamacpp", model="smollm2-135m-instruct", context_tokens=2048, max_new_tokens=768)
+# The backend's own validation retries are left out (max_retries=0): the curator's retry
+# rounds are what is under test, and each SmolLM2 attempt costs up to max_new_tokens.
+SMOLLM_CONFIG = LLMConfig(
+    backend="llamacpp", model="smollm2-135m-instruct", context_tokens=2048, max_new_tokens=768, max_retries=0
+)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from hybridmem_local.schema import EpisodeDraft, Session, Turn, TupleDraft
+from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
 from tests.factories import BASE_DATE
 
 PEOPLE = ["Ann", "Ben", "Cal", "Dee", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jon", "Kim", "Lou"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 

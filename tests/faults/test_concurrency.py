@@ -12,8 +12,7 @@ import pytest
 
 from hybridmem_local.memory import HybridMemory
 from tests.faults.corpus import QUERIES, curated_sessions, write_jsonl
-from tests.faults.invariants import assert_consistent, assert_integrity, session_states
-from tests.faults.test_crash import _check_repair
+from tests.faults.invariants import assert_consistent, assert_integrity, check_repair, session_states
 from tests.faults.writer import error_text, job, progress_lines
 
 
@@ -68,7 +67,7 @@ def test_two_writers_and_a_reader_on_one_store_lose_nothing(zygote, minilm, tmp_
         committed = {tuple(line.split()[1:]) for line in progress_lines(spec) if line.startswith("committed")}
         assert all(states[key] == "present" for key in committed), "a committed write was lost"
     assert_consistent(db, zygote.model_id)
-    repaired = _check_repair(db, minilm, ["alice", "bob"], tmp_path)
+    repaired = check_repair(db, minilm, ["alice", "bob"], tmp_path)
     if any(errors):
         pytest.xfail(INDEX_SAVE_RACE)
     assert list(codes.values()) == [0, 0]

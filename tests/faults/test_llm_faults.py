@@ -133,7 +133,7 @@ def test_retries_carry_the_validation_error_back_to_the_model(tmp_path, minilm, 
 def test_a_server_that_goes_away_after_start_is_a_clear_error_and_a_rerun_stores_the_session(tmp_path, minilm, server, session):
     db = tmp_path / "m.db"
     with _open(db, server, minilm) as memory:
-        memory.llm  # built (and the served model checked) while the server is up
+        assert memory.llm.model_id  # built (and the served model checked) while the server is up
         server.stop()
         with pytest.raises(LLMError, match=f"cannot count tokens with http://127.0.0.1:{server.port}/tokenize"):
             memory.ingest([session])

@@ -92,7 +92,7 @@ def _exact_ok(memory: HybridMemory, kind: str, query_vector: np.ndarray, got: li
 
 
 def _check(memory: HybridMemory, query_vectors) -> None:
-    for query, vector in zip(QUERIES, query_vectors):
+    for query, vector in zip(QUERIES, query_vectors, strict=True):
         result = memory.search(query, namespace=NS, k=K)
         _exact_ok(memory, "episode", vector, [(h.memory.id, h.score) for h in result.episodes], K)
         _exact_ok(memory, "tuple", vector, [(h.memory.id, h.score) for h in result.tuples], 2 * K)

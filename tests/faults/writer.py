@@ -70,10 +70,10 @@ JOBS = {"add_sessions": _job_add_sessions, "ingest": _job_ingest}
 
 
 def _run_job(embedder, spec: dict) -> int:
+    import torch
+
     from hybridmem_local.config import load_config
     from hybridmem_local.memory import HybridMemory
-
-    import torch
 
     torch.set_num_threads(1)  # writers share 2 cores with the test and each other
     try:
