@@ -104,9 +104,14 @@ def answer_from_context(
     search_result: SearchResult,
     question_date: datetime | None = None,
     enable_thinking: bool = False,
+    context_budget: int | None = None,
 ) -> Answer:
-    """Answer ``question`` from the memories of ``search_result`` with one LLM call."""
-    context = format_context(search_result)
+    """Answer ``question`` from the memories of ``search_result`` with one LLM call.
+
+    ``context_budget`` (tokens of this LLM's tokenizer) switches from the fixed k / 2k
+    selection to filling the context in fused rank order.
+    """
+    context = format_context(search_result, budget=context_budget, count_tokens=llm.count_tokens if context_budget else None)
     request = build_answer_request(question, context, question_date, enable_thinking)
     request = request.model_copy(update={"tag": search_result.namespace})
     start = time.perf_counter()

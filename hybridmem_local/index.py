@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.config import IndexConfig
+from hybridmem_local.files import ensure_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class VectorIndex:
     def save(self) -> None:
         if self._index is None:
             return
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_private_dir(self.directory)
         # Write to temporaries and rename, so a crash mid-save leaves the old files or none.
         tmp_graph = self._graph_path.with_suffix(".hnsw.tmp")
         self._index.save_index(str(tmp_graph))

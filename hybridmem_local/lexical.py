@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from hybridmem_local.files import ensure_private_dir
 from hybridmem_local.index import SyncReport
 from hybridmem_local.schema import Episode, RelationalTuple
 from hybridmem_local.store import MemoryStore
@@ -204,8 +205,7 @@ class LexicalIndex:
         """Persist a changed index: the new build's files, then the manifest, then cleanup."""
         if not self._dirty or self._labels is None:
             return
-        for folder in (self.directory.parent, self.directory):
-            folder.mkdir(exist_ok=True, mode=0o700)
+        ensure_private_dir(self.directory)
         build = uuid.uuid4().hex[:12]
         if self._bm25 is not None:
             self._bm25.save(str(self.directory), **self._build_files(build), show_progress=False)

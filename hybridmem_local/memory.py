@@ -227,8 +227,11 @@ class HybridMemory:
         index.delete_files()
 
     def _apply_to_indexes(self, namespace: str, added: Sequence[Episode | RelationalTuple] = (), removed: Sequence[Episode | RelationalTuple] = ()) -> None:
-        """Mirror a committed change in the loaded indexes (unloaded ones catch up on first use)."""
-        self._seen_data_version = self.store.data_version()
+        """Mirror a committed change in the loaded indexes (unloaded ones catch up on first use).
+
+        ``PRAGMA data_version`` ignores this connection's own commits, so the staleness check
+        in ``index_for`` still sees any other process's commit that landed meanwhile.
+        """
         for kind in KINDS:
             index = self._indexes.get((namespace, kind))
             if index is None:
@@ -397,7 +400,6 @@ class HybridMemory:
             from hybridmem_local.llm.cache import forget_tag
 
             counts["llm_cache"] = forget_tag(self._llm_cache_path(), namespace)
-        self._seen_data_version = self.store.data_version()
         return counts
 
     # ------------------------------------------------------------------ consolidation
@@ -438,7 +440,10 @@ class HybridMemory:
         from hybridmem_local.answering import answer_from_context
 
         result = self.search(question, namespace=namespace, k=k)
-        return answer_from_context(self.llm, question, result, question_date, enable_thinking=self.config.llm.enable_thinking)
+        return answer_from_context(
+            self.llm, question, result, question_date,
+            enable_thinking=self.config.llm.enable_thinking, context_budget=self.config.retrieval.context_budget,
+        )
 
     def get(self, memory_id: int) -> Episode | RelationalTuple:
         return self.store.get_memory(memory_id)

@@ -24,6 +24,8 @@
 #   HYBRIDMEM_JUDGE_BASE_URL / HYBRIDMEM_JUDGE_MODEL   an OpenAI-compatible judge server and model;
 #                             unset: Qwen3-8B judges its own answers (say so when quoting numbers)
 #   HYBRIDMEM_JUDGE_API_KEY_ENV   variable holding the judge's API key   [HYBRIDMEM_JUDGE_API_KEY]
+#   HYBRIDMEM_EVAL_SET        config overrides, space-separated KEY=VALUE, e.g. "retrieval.mode=dense"
+#                             (the paper searched densely; the project default fuses dense and BM25)
 #   HYBRIDMEM_EVAL_EXTRA      extra arguments for every run, e.g. "--limit 20 --conversations conv-26"
 set -euo pipefail
 
@@ -45,7 +47,12 @@ if [[ ! -f "$config" ]]; then
     exit 2
 fi
 
-common=(--data "$data" --config "$config" --stores "$out/stores" --llm-cache "$out/llm_cache.sqlite" --batch-size "$batch")
+# All sessions of a conversation curated in one batched vLLM call.
+common=(--data "$data" --config "$config" --stores "$out/stores" --llm-cache "$out/llm_cache.sqlite"
+        --batch-size "$batch" --set "curation.batch_sessions=64")
+for pair in ${HYBRIDMEM_EVAL_SET:-}; do
+    common+=(--set "$pair")
+done
 if [[ -n "${HYBRIDMEM_JUDGE_BASE_URL:-}" ]]; then
     common+=(
         --set "judge.backend=openai-server"

@@ -209,7 +209,10 @@ def e2e_config(tmp_path_factory) -> Path:
     """The embedded default (SmolLM2 via llama.cpp, MiniLM on CPU), as a YAML file."""
     pytest.importorskip("llama_cpp", reason="the embedded LLM needs llama-cpp-python (the 'cpu-llm' extra)")
     path = tmp_path_factory.mktemp("config") / "cpu.yaml"
-    path.write_text(yaml.safe_dump({"embedder": {"device": "cpu"}}))
+    # Bounded SmolLM2 cost, as in test_curation: replies of at most 768 tokens, no re-asking;
+    # one llama.cpp thread, which stays fast when other jobs share the cores.
+    llm = {"max_new_tokens": 768, "max_retries": 0, "n_threads": 1}
+    path.write_text(yaml.safe_dump({"embedder": {"device": "cpu"}, "llm": llm}))
     return path
 
 

@@ -181,9 +181,12 @@ class RetrievalSystem:
         limit = self.settings.context_limit(question)
         budget = limit if fixed else min(self.budget, limit)
         rendered = format_context(selected, budget=budget, count_tokens=self.settings.count_tokens)
-        shown_turns = set(rendered.turn_ids)
+        shown_turns = {t for turns in rendered.window_turns.values() for t in turns}
         shown_memories = set(rendered.short_ids.values())
         ranked = _interleave(result, self.retrieval.tuple_multiplier, shown_memories, shown_turns)
+        # Keep what recall@k can read and what was shown (budget mode ranks ~candidate_depth deep).
+        within = {(i.store, i.id) for i in retrieved_at(ranked, depth, self.retrieval.tuple_multiplier)}
+        ranked = [i for i in ranked if i.shown or (i.store, i.id) in within]
         if fixed:
             truncated = len(shown_memories) + _windows_shown(selected, shown_turns) < _count(selected)
         else:
