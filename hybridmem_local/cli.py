@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import time
 from pathlib import Path
 from typing import Optional
@@ -16,6 +17,7 @@ from rich.table import Table
 from hybridmem_local.config import ConfigError, load_config
 from hybridmem_local.model_registry import ModelRegistryError
 from hybridmem_local.ingest import InputFileError, read_sessions_jsonl
+from hybridmem_local.llm.base import LLMError
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session
 from hybridmem_local.store import NotFoundError, StoreError
@@ -28,8 +30,13 @@ DB_OPTION = typer.Option(Path("hybridmem.db"), "--db", envvar="HYBRIDMEM_DB", he
 CONFIG_OPTION = typer.Option(None, "--config", "-c", envvar="HYBRIDMEM_CONFIG", help="YAML config (default: built-in paper defaults).")
 NAMESPACE_OPTION = typer.Option("default", "--namespace", "-n", help="Namespace (one user or agent).")
 
-#: Errors a user can fix: printed as one clear line, exit code 1, no traceback.
-USER_ERRORS = (InputFileError, ConfigError, StoreError, NotFoundError, ModelRegistryError, ValueError, FileNotFoundError)
+#: Errors a user can fix: printed as one clear line, exit code 1, no traceback. sqlite3 and OS
+#: errors cover a full disk, a read-only store or a missing directory; LLMError an unreachable
+#: server or a missing model.
+USER_ERRORS = (
+    InputFileError, ConfigError, StoreError, NotFoundError, ModelRegistryError, LLMError, ValueError,
+    sqlite3.Error, OSError,
+)
 
 
 def _fail(exc: BaseException) -> typer.Exit:

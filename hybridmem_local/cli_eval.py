@@ -35,6 +35,7 @@ SYSTEMS_OPTION = typer.Option(ALL_SYSTEMS, "--systems", help=f"Comma-separated, 
 LIMIT = typer.Option(None, "--limit", min=1, help="Questions per conversation (LongMemEval: instances).")
 MAX_SESSIONS = typer.Option(None, "--max-sessions", min=1, help="Ingest only the first N sessions of each conversation.")
 RETRIEVAL_ONLY = typer.Option(False, "--retrieval-only", help="Retrieval metrics only: no curation, answers or judge.")
+RETRY_FAILED = typer.Option(False, "--retry-failed", help="Curate again sessions whose curation failed in an earlier run.")
 K = typer.Option(None, "--k", help="Retrieval budgets to sweep for the memory systems, e.g. 2,5,10,20.")
 MCS = typer.Option(None, "--mcs", help="min_cluster_size values to sweep for hybrid+consolidation, e.g. 2,5,10,20.")
 BUDGET = typer.Option(DEFAULT_RAG_BUDGET, "--context-budget", min=1, help="The rag baseline's context budget (answer-model tokens).")
@@ -103,6 +104,7 @@ def locomo(
     limit: Optional[int] = LIMIT,
     max_sessions: Optional[int] = MAX_SESSIONS,
     retrieval_only: bool = RETRIEVAL_ONLY,
+    retry_failed: bool = RETRY_FAILED,
     k: Optional[str] = K,
     mcs: Optional[str] = MCS,
     include_adversarial: bool = typer.Option(False, "--include-adversarial", help="Also category 5 (scored by the official F1 rule, not judged)."),
@@ -116,7 +118,7 @@ def locomo(
     _run(
         "locomo", data=data, out=out, config=config, overrides=_overrides(set_), systems=_names(systems),
         conversations=_names(conversations), limit=limit, max_sessions=max_sessions, retrieval_only=retrieval_only,
-        ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), include_adversarial=include_adversarial,
+        retry_failed=retry_failed, ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), include_adversarial=include_adversarial,
         rag_budget=context_budget, recall_ks=_ints(recall_k, "--recall-k"), batch_size=batch_size,
         stores=stores, llm_cache=llm_cache,
     )
@@ -133,6 +135,7 @@ def longmemeval(
     limit: Optional[int] = LIMIT,
     max_sessions: Optional[int] = MAX_SESSIONS,
     retrieval_only: bool = RETRIEVAL_ONLY,
+    retry_failed: bool = RETRY_FAILED,
     k: Optional[str] = K,
     mcs: Optional[str] = MCS,
     context_budget: int = BUDGET,
@@ -145,7 +148,7 @@ def longmemeval(
     _run(
         "longmemeval", data=data, out=out, config=config, overrides=_overrides(set_), systems=_names(systems),
         conversations=_names(questions), limit=limit, max_sessions=max_sessions, retrieval_only=retrieval_only,
-        ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), rag_budget=context_budget,
+        retry_failed=retry_failed, ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), rag_budget=context_budget,
         recall_ks=_ints(recall_k, "--recall-k"), batch_size=batch_size, stores=stores, llm_cache=llm_cache,
     )
 

@@ -126,6 +126,11 @@ class CurationConfig(_Section):
     #: Extra batched rounds for windows whose reply failed: each is re-sent split in half
     #: (a shorter window fits the context and its reply fits max_new_tokens).
     retry_rounds: int = Field(default=1, ge=0)
+    #: Most episodes / tuples one window's reply may hold (a JSON-schema maxItems): constrained
+    #: small models otherwise repeat list items until max_new_tokens. Raise them for models with
+    #: large windows (vLLM); on llama.cpp/transformers Outlines' index build grows with them.
+    max_episodes_per_window: int = Field(default=3, ge=1)
+    max_tuples_per_window: int = Field(default=6, ge=1)
 
 
 class UMAPConfig(_Section):

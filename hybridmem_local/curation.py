@@ -14,9 +14,11 @@ Flow of one session:
    A short session is one window; a single turn longer than a whole window is cut to fit
    (the stored turn is untouched).
 3. All windows of all sessions go to the LLM in **one** ``generate`` call, constrained to
-   :class:`CurationReply`. Windows whose reply still failed (after the backend's own
-   retries) are re-sent split in half, all together, for ``CurationConfig.retry_rounds``
-   more rounds: a shorter window fits the context and its reply fits ``max_new_tokens``.
+   :class:`CurationReply` (at most ``CurationConfig.max_episodes_per_window`` episodes and
+   ``max_tuples_per_window`` tuples per window). Windows whose reply still failed (after the
+   backend's own retries) are re-sent split in half, all together, for
+   ``CurationConfig.retry_rounds`` more rounds: a shorter window fits the context and its
+   reply fits ``max_new_tokens``.
 4. Each reply is checked: ``source_turn_ids`` must name turns of the window the model was
    shown (others are dropped and reported in ``dropped_turn_ids``; a memory left with no
    valid id is kept with an empty list, its content is not at fault); a timestamp that is
@@ -35,10 +37,11 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
+from functools import lru_cache
 from typing import Sequence
 
 from dateutil import parser as date_parser
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.dates import annotate_relative_dates
@@ -57,14 +60,14 @@ MIN_TURN_BUDGET_TOKENS = 64
 # stays lenient). Timestamps are held to ISO form, so a constrained model cannot write "last
 # week"; an impossible date (2023-02-30) or a server that ignores schemas is handled by
 # :func:`normalise_timestamp`, which falls back to the session date instead of failing the
-# window. String lengths are capped because small models loop inside a string until
-# max_new_tokens; the caps are generous for real memories and kept modest because Outlines'
-# index build grows with them (~1 s unbounded, ~35 s with these on a loaded 2-core CPU, once
-# per process; vLLM's compilers do not mind).
+# window. String lengths and list sizes are capped because small models loop inside a string,
+# or repeat list items, until max_new_tokens; the caps are generous for real memories and kept
+# modest because Outlines' index build grows with them (~1 s unbounded; ~15-50 s with these
+# on a loaded 2-core CPU, once per process and schema; vLLM's grammar compilers do not mind).
 _ISO_DATE = {"pattern": r"^\d{4}(-\d{2}(-\d{2})?)?$"}
 #: A memory cites a few turns; 40 characters fit LoCoMo ("D12:7") and LongMemEval
 #: ("answer_4be1b6b4_2:13") ids, and a longer one is dropped like any unknown id.
-_TURN_IDS = {"maxItems": 10, "items": {"type": "string", "maxLength": 40}}
+_TURN_IDS = {"maxItems": 6, "items": {"type": "string", "maxLength": 40}}
 _ISO_DATE_IN_TEXT = re.compile(r"(?<!\d)(\d{4})-(\d{2})(?:-(\d{2}))?(?!\d)")
 _YEAR = re.compile(r"^\s*(\d{4})\s*$")
 
@@ -102,6 +105,17 @@ class CurationReply(_Reply):
 
     episodes: list[EpisodeReply]
     tuples: list[TupleReply]
+
+
+@lru_cache(maxsize=None)
+def reply_schema(max_episodes: int, max_tuples: int) -> type[CurationReply]:
+    """:class:`CurationReply` with list sizes capped in its JSON schema (validation stays lenient)."""
+    return create_model(
+        "CurationReply",
+        __base__=CurationReply,
+        episodes=(list[EpisodeReply], Field(json_schema_extra={"maxItems": max_episodes})),
+        tuples=(list[TupleReply], Field(json_schema_extra={"maxItems": max_tuples})),
+    )
 
 
 # --------------------------------------------------------------------------- outcome
@@ -281,6 +295,7 @@ class Curator:
         self.llm_config = llm_config
         self.config = config
         self.prompt: PromptTemplate = load_prompt("curation")
+        self.reply_schema = reply_schema(config.max_episodes_per_window, config.max_tuples_per_window)
         self.turn_budget = self._turn_budget()
 
     def _turn_budget(self) -> int:
@@ -355,7 +370,9 @@ class Curator:
         )
         return LLMRequest(
             messages=messages,
-            output_schema=CurationReply,
+            output_schema=self.reply_schema,
+            # The windows were sized for this reply budget, whatever the backend's default.
+            max_new_tokens=self.llm_config.max_new_tokens,
             enable_thinking=False,
             prompt_version=self.prompt.version,
             tag=session.namespace,

@@ -10,9 +10,9 @@ live label never points at an outdated vector.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -35,7 +35,9 @@ class IndexManifest(BaseModel):
     model_id: str
     dim: int
     count: int
-    format: int = 1
+    #: Names the graph and label files this manifest belongs to.
+    generation: str
+    format: int = 2
 
 
 class SyncReport(BaseModel):
@@ -64,19 +66,20 @@ class VectorIndex:
     # ------------------------------------------------------------------ files
 
     @property
-    def _graph_path(self) -> Path:
-        return self.directory / f"{self.kind}.hnsw"
-
-    @property
-    def _labels_path(self) -> Path:
-        return self.directory / f"{self.kind}.labels.npy"
-
-    @property
     def _manifest_path(self) -> Path:
         return self.directory / f"{self.kind}.manifest.json"
 
+    def _graph_path(self, generation: str) -> Path:
+        return self.directory / f"{self.kind}.{generation}.hnsw"
+
+    def _labels_path(self, generation: str) -> Path:
+        return self.directory / f"{self.kind}.{generation}.labels.npy"
+
+    def _generation_files(self) -> list[Path]:
+        return sorted(self.directory.glob(f"{self.kind}.*.hnsw")) + sorted(self.directory.glob(f"{self.kind}.*.labels.npy"))
+
     def files(self) -> list[Path]:
-        return [self._graph_path, self._labels_path, self._manifest_path]
+        return [self._manifest_path, *self._generation_files()]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -93,17 +96,19 @@ class VectorIndex:
 
     def _load(self) -> str | None:
         """Load the persisted index; returns why it cannot be used, or None on success."""
-        if not all(p.exists() for p in self.files()):
+        if not self._manifest_path.exists():
             return "index files missing"
         try:
             manifest = IndexManifest.model_validate_json(self._manifest_path.read_text())
             if manifest.model_id != self.model_id or manifest.dim != self.dim:
                 return f"index built with {manifest.model_id} ({manifest.dim}-d), config uses {self.model_id}"
-            labels = np.load(self._labels_path)
+            labels = np.load(self._labels_path(manifest.generation))
             if len(labels) != manifest.count:
                 return "label file does not match manifest"
             index = hnswlib.Index(space="cosine", dim=self.dim)
-            index.load_index(str(self._graph_path), max_elements=max(manifest.count, self.config.initial_capacity))
+            index.load_index(
+                str(self._graph_path(manifest.generation)), max_elements=max(manifest.count, self.config.initial_capacity)
+            )
             index.set_ef(self.config.ef_search)
         except Exception as exc:  # any unreadable file means: rebuild from SQLite
             return f"index unreadable ({type(exc).__name__}: {exc})"
@@ -131,19 +136,27 @@ class VectorIndex:
         return SyncReport(added=len(to_add), removed=len(to_remove))
 
     def save(self) -> None:
+        """Write a new generation of graph + labels, then switch the manifest to it.
+
+        Replacing the manifest is the single commit point: a crash before it leaves the old
+        generation in force, a crash after it the new one; graph and labels never mix.
+        """
         if self._index is None:
             return
         ensure_private_dir(self.directory)
-        # Write to temporaries and rename, so a crash mid-save leaves the old files or none.
-        tmp_graph = self._graph_path.with_suffix(".hnsw.tmp")
-        self._index.save_index(str(tmp_graph))
-        tmp_labels = self.directory / f"{self.kind}.labels.tmp.npy"
-        np.save(tmp_labels, np.array(sorted(self._live), dtype=np.int64))
-        tmp_manifest = self._manifest_path.with_suffix(".json.tmp")
-        tmp_manifest.write_text(IndexManifest(model_id=self.model_id, dim=self.dim, count=len(self._live)).model_dump_json())
-        for tmp, final in ((tmp_graph, self._graph_path), (tmp_labels, self._labels_path), (tmp_manifest, self._manifest_path)):
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, final)
+        generation = uuid.uuid4().hex[:12]
+        graph, labels = self._graph_path(generation), self._labels_path(generation)
+        self._index.save_index(str(graph))
+        np.save(labels, np.array(sorted(self._live), dtype=np.int64))
+        manifest = IndexManifest(model_id=self.model_id, dim=self.dim, count=len(self._live), generation=generation)
+        tmp_manifest = self.directory / f"{self.kind}.manifest.{generation}.tmp"  # unique: processes may save at once
+        tmp_manifest.write_text(manifest.model_dump_json())
+        for path in (graph, labels, tmp_manifest):
+            os.chmod(path, 0o600)
+        os.replace(tmp_manifest, self._manifest_path)
+        for stale in self._generation_files():
+            if f".{generation}." not in stale.name:
+                stale.unlink(missing_ok=True)
 
     def delete_files(self) -> None:
         for path in self.files():

@@ -214,7 +214,7 @@ class LexicalIndex:
         for path in self.files():
             if path.name.startswith(current):
                 os.chmod(path, 0o600)
-        tmp_manifest = self.directory / f"{self.kind}.bm25.json.tmp"
+        tmp_manifest = self.directory / f"{self.kind}.bm25.json.{build}.tmp"  # unique: processes may save at once
         tmp_manifest.write_text(
             LexicalManifest(
                 recipe=self.recipe, count=len(self._labels), has_terms=self._bm25 is not None, build=build
@@ -223,7 +223,8 @@ class LexicalIndex:
         os.chmod(tmp_manifest, 0o600)
         os.replace(tmp_manifest, self._manifest_path)
         for path in self.files():
-            if not path.name.startswith(current) and path != self._manifest_path:
+            # Another process's manifest may be mid-write: its .tmp is not ours to remove.
+            if not path.name.startswith(current) and path != self._manifest_path and path.suffix != ".tmp":
                 path.unlink(missing_ok=True)
         self._dirty = False
 

@@ -41,7 +41,15 @@ from hybridmem_local.schema import (
     TupleDraft,
     check_namespace,
 )
-from hybridmem_local.store import Event, MemoryStore, NotFoundError, SessionRecord, StoreError, text_hash
+from hybridmem_local.store import (
+    DuplicateSessionError,
+    Event,
+    MemoryStore,
+    NotFoundError,
+    SessionRecord,
+    StoreError,
+    text_hash,
+)
 from hybridmem_local.windows import WindowSources
 
 if TYPE_CHECKING:
@@ -49,6 +57,7 @@ if TYPE_CHECKING:
 
     from hybridmem_local.answering import Answer
     from hybridmem_local.consolidation import ConsolidationReport, PurgeReport, UndoReport
+    from hybridmem_local.curation import CurationOutcome
 
 log = logging.getLogger(__name__)
 
@@ -263,8 +272,11 @@ class HybridMemory:
         curate = curate and self.config.curation.mode == "sync"
         if not curate:
             for session in new:
-                self.store.insert_session(session, curation_status="pending")
-            report.stored = len(new)
+                try:
+                    self.store.insert_session(session, curation_status="pending")
+                    report.stored += 1
+                except DuplicateSessionError:  # another process stored it since the check above
+                    report.skipped += 1
             return report
         self._curate_and_store(new, already_stored=False, report=report, progress=progress)
         report.consolidation_runs = self._scheduled_consolidation({s.namespace for s in new})
@@ -293,27 +305,34 @@ class HybridMemory:
                     report.prompt_tokens += outcome.prompt_tokens
                     report.completion_tokens += outcome.completion_tokens
                     report.llm_seconds += outcome.seconds
-                    if outcome.ok and outcome.result is not None:
-                        ids = self.add_memories(
-                            session.namespace,
-                            episodes=outcome.result.episodes,
-                            tuples=outcome.result.tuples,
-                            session=None if already_stored else session,
-                            source_session_id=session.session_id,
-                            prompt_version=outcome.prompt_version,
-                        )
-                        report.memories += len(ids)
-                        report.curated += 1
-                    else:
-                        log.warning("curation of session %s failed: %s", session.session_id, outcome.error)
-                        if already_stored:
-                            self.store.set_curation_status(session.namespace, session.session_id, "curation_failed", outcome.error)
-                        else:
-                            self.store.insert_session(session, curation_status="curation_failed", curation_error=outcome.error)
-                        report.failed += 1
-                    report.stored += 0 if already_stored else 1
+                    try:
+                        self._store_outcome(session, outcome, already_stored, report)
+                    except DuplicateSessionError:  # another process stored it meanwhile
+                        report.skipped += 1
                 if task is not None:
                     progress.advance(task, len(chunk))
+
+    def _store_outcome(self, session: Session, outcome: CurationOutcome, already_stored: bool, report: IngestReport) -> None:
+        """Write one session's curation: its memories, or the failure status (never losing the turns)."""
+        if outcome.ok and outcome.result is not None:
+            ids = self.add_memories(
+                session.namespace,
+                episodes=outcome.result.episodes,
+                tuples=outcome.result.tuples,
+                session=None if already_stored else session,
+                source_session_id=session.session_id,
+                prompt_version=outcome.prompt_version,
+            )
+            report.memories += len(ids)
+            report.curated += 1
+        else:
+            log.warning("curation of session %s failed: %s", session.session_id, outcome.error)
+            if already_stored:
+                self.store.set_curation_status(session.namespace, session.session_id, "curation_failed", outcome.error)
+            else:
+                self.store.insert_session(session, curation_status="curation_failed", curation_error=outcome.error)
+            report.failed += 1
+        report.stored += 0 if already_stored else 1
 
     def _scheduled_consolidation(self, namespaces: set[str]) -> list[int]:
         if self.config.consolidation.every_n_sessions == 0:

@@ -145,6 +145,10 @@ class NotFoundError(KeyError):
     pass
 
 
+class DuplicateSessionError(StoreError):
+    """The session id is already stored in that namespace (e.g. by a concurrent ingest)."""
+
+
 class Event(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -229,7 +233,10 @@ class MemoryStore:
         try:
             yield self.conn
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            # Some errors (SQLITE_FULL, SQLITE_IOERR) make SQLite roll back by itself; a second
+            # ROLLBACK would raise and hide the real cause.
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
             raise
         else:
             self.conn.execute("COMMIT")
@@ -299,7 +306,7 @@ class MemoryStore:
                 "SELECT 1 FROM sessions WHERE namespace = ? AND session_id = ?",
                 (session.namespace, session.session_id),
             ).fetchone():
-                raise StoreError(f"session {session.session_id!r} already exists in namespace {session.namespace!r}")
+                raise DuplicateSessionError(f"session {session.session_id!r} already exists in namespace {session.namespace!r}")
             clash = self._existing_turn_ids(session.namespace, [t.turn_id for t in session.turns])
             if clash:
                 raise StoreError(

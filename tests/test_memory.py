@@ -99,7 +99,7 @@ def test_damaged_index_is_repaired_on_open(tmp_path, minilm, damage):
         ids = mem.add_memories("alice", tuples=filler_tuples(300), episodes=[make_episode("Trip", "Eve visited Oslo by kayak.")])
         mem.search("warm up", namespace="alice")  # load + persist indexes
     index_dir = tmp_path / "m.db.indexes" / "alice"
-    graph = index_dir / "tuple.hnsw"
+    (graph,) = index_dir.glob("tuple.*.hnsw")
     if damage == "delete":
         for f in index_dir.iterdir():
             f.unlink()

@@ -227,8 +227,9 @@ def write_report(out: Path, summary: dict[str, Any], manifest: dict[str, Any] | 
 
 
 def headline_metric(summary: dict[str, Any]) -> str:
-    """The score the plots show: judge accuracy when there are answers, else evidence recall."""
-    return "evidence_recall" if summary["retrieval_only"] else "judge_accuracy"
+    """The score the plots show: judge accuracy when any answer was judged, else evidence recall."""
+    judged = any(e["overall"].get("judge_accuracy") is not None for e in summary["systems"].values())
+    return "judge_accuracy" if judged else "evidence_recall"
 
 
 def _columns(summary: dict[str, Any]) -> list[str]:

@@ -101,6 +101,8 @@ class RunOptions(_Strict):
     max_sessions: int | None = Field(default=None, ge=1)
     #: No answering, judging or curation: retrieval metrics from existing (curated) stores.
     retrieval_only: bool = False
+    #: Curate again the sessions whose curation failed in an earlier run (e.g. after a config fix).
+    retry_failed: bool = False
     #: Retrieval budgets to sweep for the memory systems (None: ``retrieval.k`` only).
     ks: list[int] | None = None
     #: min_cluster_size values to sweep for hybrid+consolidation (None: the config's).
@@ -641,11 +643,13 @@ class _Run:
     def _curate(self, memory: HybridMemory, conversation: EvalConversation, usage: PhaseUsage, wanted: bool) -> bool:
         """Curate pending sessions when a system needs memories; True when none is left pending."""
         namespace = conversation.namespace
-        pending = list(memory.store.iter_sessions(namespace, "pending"))
+        retry = self.options.retry_failed and not self.options.retrieval_only
+        statuses = ["pending"] + (["curation_failed"] if retry else [])
+        pending = [r for status in statuses for r in memory.store.iter_sessions(namespace, status)]
         if pending and wanted and not self.options.retrieval_only:
             started = time.perf_counter()
             tasks = set(self.progress.task_ids)
-            memory.curate_pending(namespace, progress=self.progress)
+            memory.curate_pending(namespace, retry_failed=retry, progress=self.progress)
             for task in set(self.progress.task_ids) - tasks:
                 self.progress.remove_task(task)
             usage.wall_s = time.perf_counter() - started
@@ -677,7 +681,8 @@ class _Run:
         return self._consolidated(run, memory, conversation, opened)
 
     def _consolidated(self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation, opened: list) -> HybridMemory | None:
-        """A copy of the curated store consolidated at ``run.mcs``, made once and reused."""
+        """A copy of the curated store consolidated at ``run.mcs``, made once and reused while the
+        curated store stays as it was (its fingerprint is kept beside the copy)."""
         from hybridmem_local.consolidation import ConsolidationReport, consolidate
         from hybridmem_local.memory import HybridMemory
 
@@ -687,7 +692,9 @@ class _Run:
         config = self.config.model_copy(deep=True)
         config.consolidation.hdbscan.min_cluster_size = run.mcs
         usage = PhaseUsage()
-        if not marker.exists():
+        base = store_fingerprint(memory, namespace)
+        made_from = json.loads(marker.read_text(encoding="utf-8"))["base"] if marker.exists() else None
+        if made_from != base:
             if self.options.retrieval_only:
                 log.warning("%s: %s skipped: no consolidated store yet (--retrieval-only does not consolidate)",
                             conversation.conversation_id, run.label)
@@ -699,12 +706,12 @@ class _Run:
             usage.wall_s = time.perf_counter() - started
             usage.units = len(conversation.sessions)
             self._record_usage("consolidation", usage, conversation.conversation_id, f"mcs{run.mcs}")
-            marker.write_text(report.model_dump_json(), encoding="utf-8")
+            marker.write_text(json.dumps({"base": base, "report": report.model_dump(mode="json")}), encoding="utf-8")
             self.console.print(
                 f"{conversation.conversation_id}: consolidated (mcs {run.mcs}) {report.memories_before} → "
                 f"{report.memories_after} memories ({report.compression_pct:.1f}% compression) in {usage.wall_s:.0f}s"
             )
-        report = ConsolidationReport.model_validate_json(marker.read_text(encoding="utf-8"))
+        report = ConsolidationReport.model_validate(json.loads(marker.read_text(encoding="utf-8"))["report"])
         entries = self.consolidation.setdefault(f"mcs{run.mcs}", [])
         if not any(e["conversation_id"] == conversation.conversation_id for e in entries):
             entries.append({
@@ -889,6 +896,14 @@ def prompt_names() -> list[str]:
     from hybridmem_local.prompts import PROMPTS_DIR
 
     return sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml"))
+
+
+def store_fingerprint(memory: HybridMemory, namespace: str) -> list:
+    """Changes whenever the curated store gains sessions or memories (a consolidated copy is then stale)."""
+    return list(memory.store.conn.execute(
+        "SELECT (SELECT count(*) FROM sessions WHERE namespace = ?), count(*), coalesce(max(id), 0) "
+        "FROM memories WHERE namespace = ?", (namespace, namespace),
+    ).fetchone())
 
 
 def copy_store(memory: HybridMemory, path: Path) -> None:

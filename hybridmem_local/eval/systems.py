@@ -111,7 +111,8 @@ class SystemContext(_Strict):
     ranked: list[RankedItem] = Field(default_factory=list)
     #: Tokens of ``text`` in the answer model's tokenizer.
     tokens: int
-    #: Something the system meant to show did not fit the answer model's context.
+    #: Something the system meant to show (its k items, its token budget, the whole history)
+    #: did not fit the answer model's context window and was left out.
     truncated: bool = False
     #: Short ids of the rendered block ("E1", "T3") → memory ids, for resolving citations.
     short_ids: dict[str, int] = Field(default_factory=dict)
@@ -189,8 +190,11 @@ class RetrievalSystem:
         ranked = [i for i in ranked if i.shown or (i.store, i.id) in within]
         if fixed:
             truncated = len(shown_memories) + _windows_shown(selected, shown_turns) < _count(selected)
+        elif self.budget > limit:  # the answer model's window, not the budget, decided what fits
+            nominal = format_context(selected, budget=self.budget, count_tokens=self.settings.count_tokens)
+            truncated = set(nominal.turn_ids) != set(rendered.turn_ids)
         else:
-            truncated = self.budget > limit
+            truncated = False
         return SystemContext(
             text=rendered.text,
             turn_ids=rendered.turn_ids,
