@@ -95,7 +95,8 @@ def run(code: str, *args: str) -> tuple[float, str]:
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"child failed:\n{done.stderr[-3000:]}")
-    return wall, done.stdout.strip().splitlines()[-1]
+    lines = done.stdout.strip().splitlines()
+    return wall, lines[-1] if lines else ""
 
 
 def prepare_store(folder: Path, n: int, cache: Path, locomo: Path) -> Path:

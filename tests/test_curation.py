@@ -109,9 +109,10 @@ def test_request_shows_session_date_turn_lines_and_annotated_dates():
     assert "[s1:0] Alice: I ran the 10K in Portland yesterday [2023-05-07]." in user
     assert "[s1:1] Bob: Congrats! See you next week [week of 2023-05-15]." in user
     assert "Part of a longer session" not in user
-    assert request.output_schema is CurationReply
+    assert issubclass(request.output_schema, CurationReply)
     assert request.prompt_version == load_prompt("curation").version == "curation/v1"
     assert request.tag == "alice"
+    assert request.max_new_tokens == LLM_CONFIG.max_new_tokens  # the budget the windows were sized for
     assert request.messages[0].role == "system" and "source_turn_ids" in request.messages[0].content
 
 
@@ -121,11 +122,19 @@ def test_annotation_can_be_switched_off():
     assert "[s1:0] Alice: I went yesterday.\n" in curator.request(window).messages[-1].content + "\n"
 
 
-def test_reply_schema_constrains_timestamps_to_iso_dates():
-    schema = CurationReply.model_json_schema()
+def test_reply_schema_caps_lists_and_holds_timestamps_to_iso_dates():
+    llm = ScriptedLLM(reply_citing(lambda shown: shown))
+    curator = Curator(llm, LLM_CONFIG, CurationConfig(max_episodes_per_window=2, max_tuples_per_window=5))
+    schema = curator.reply_schema.model_json_schema()
+    assert schema["properties"]["episodes"]["maxItems"] == 2
+    assert schema["properties"]["tuples"]["maxItems"] == 5
     pattern = re.compile(schema["$defs"]["EpisodeReply"]["properties"]["timestamp"]["pattern"])
     assert pattern.match("2023-05-07") and pattern.match("2023-05") and pattern.match("2023")
     assert not pattern.match("last week")
+    # The caps shape decoding only: a longer reply (from a server that ignores schemas) is used.
+    reply = json.loads(reply_citing(lambda shown: shown)(curator.request(curator.windows(make_session("s1", ["a"]))[0])))
+    reply["episodes"] *= 4
+    assert len(curator.reply_schema.model_validate(reply).episodes) == 4
 
 
 # --------------------------------------------------------------------------- windows
@@ -340,10 +349,11 @@ class CountingLLM:
         return self.inner.generate(requests)
 
 
-# The backend's own validation retries are left out (max_retries=0): the curator's retry
-# rounds are what is under test, and each SmolLM2 attempt costs up to max_new_tokens.
+# SmolLM2 repeats itself until every string and list cap of the reply schema is full, so the
+# reply budget must hold a full reply (~1.5k tokens with the default caps); its 8k context has
+# room. The backend's own validation retries are left out: each attempt costs max_new_tokens.
 SMOLLM_CONFIG = LLMConfig(
-    backend="llamacpp", model="smollm2-135m-instruct", context_tokens=2048, max_new_tokens=768, max_retries=0
+    backend="llamacpp", model="smollm2-135m-instruct", context_tokens=4096, max_new_tokens=2048, max_retries=0
 )
 
 
@@ -388,6 +398,7 @@ def test_smollm2_curates_a_locomo_session_into_memories_citing_its_turns(smollm2
 
 @pytest.mark.slow
 def test_smollm2_windows_of_a_small_context_partition_the_session_in_one_call(smollm2, locomo_session):
+    # Replies are cut off at 256 tokens (and fail): only the split and the batching are checked.
     small = SMOLLM_CONFIG.model_copy(update={"context_tokens": 1024, "max_new_tokens": 256})
     llm = CountingLLM(smollm2)
     curator = Curator(llm, small, CurationConfig(retry_rounds=0))

@@ -48,7 +48,7 @@ from hybridmem_local.context import RenderedContext
 from hybridmem_local.curation import TEMPLATE_ALLOWANCE_TOKENS
 from hybridmem_local.eval import DatasetError, metrics
 from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
-from hybridmem_local.eval.locomo import ADVERSARIAL, CATEGORY_NAMES, load_locomo
+from hybridmem_local.eval.locomo import ADVERSARIAL, load_locomo
 from hybridmem_local.eval.longmemeval import load_longmemeval
 from hybridmem_local.eval.systems import (
     DEFAULT_RAG_BUDGET,

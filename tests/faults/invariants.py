@@ -113,18 +113,3 @@ def assert_search_matches_rebuild(db: Path, embedder, namespaces: Iterable[str],
             path = Path(str(fresh) + suffix)
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
-
-#: What hnswlib raises when an index was saved torn (new graph, old labels; TORN_GRAPH_BUG in
-#: test_crash.py): sync then unmarks a live label or marks a deleted one again.
-TORN_SAVE_ERRORS = ("undelete element is not deleted", "already deleted")
-
-
-def check_repair(db: Path, embedder, namespaces: Iterable[str], workdir: Path) -> bool:
-    """``assert_search_matches_rebuild``, but False where the known torn-save bug struck instead."""
-    try:
-        assert_search_matches_rebuild(db, embedder, namespaces, workdir)
-    except RuntimeError as exc:
-        if any(signature in str(exc) for signature in TORN_SAVE_ERRORS):
-            return False
-        raise
-    return True

@@ -80,8 +80,6 @@ class Case:
     #: Extra check of the safe outcome, given the open memory.
     then: Callable | None = None
     stdin: str | None = None
-    #: A known bug this case exposes (the case is a strict xfail until it is fixed).
-    bug: str | None = None
 
     @property
     def refused(self) -> bool:
@@ -229,8 +227,7 @@ CASES = [
          exit_code=0, fragment="1 already present",
          then=lambda m: m.store.get_session("alice", "s1").session.turns[0].speaker != "Mallory"),
     Case("file-missing", ingest(), fragment="no such file"),
-    Case("file-is-a-directory", ["ingest", "{tmp}", "--no-curate", "--db", "{db}"], fragment="directory",
-         bug="cli.py: load_sessions_file reads the path before checking it is a file: IsADirectoryError traceback"),
+    Case("file-is-a-directory", ["ingest", "{tmp}", "--no-curate", "--db", "{db}"], fragment="Is a directory"),
     # configs
     Case("config-unknown-key", ["stats", "--db", "{db}", "--config", "{config}"], config="retrieval:\n  kk: 5\n",
          fragment="retrieval.kk"),
@@ -317,10 +314,7 @@ def squash(text: str) -> str:
     return "".join(text.split())
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=c.bug)] if c.bug else [])
-    for c in CASES
-])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input(case: Case, pristine, tmp_path, minilm):
     db = tmp_path / "m.db"
     shutil.copy(pristine, db)

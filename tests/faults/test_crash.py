@@ -1,4 +1,4 @@
-"""SIGKILL of a writer at random moments of ingest and curation; torn index saves.
+"""SIGKILL of a writer at random moments of ingest and curation; index saves cut short.
 
 After every kill the database passes ``PRAGMA integrity_check``, every session is whole or
 wholly absent (session row ⇔ its turns ⇔ its memories and their cached vectors), nothing is
@@ -16,7 +16,9 @@ import shutil
 import signal
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -26,7 +28,6 @@ from tests.faults.invariants import (
     assert_consistent,
     assert_integrity,
     assert_search_matches_rebuild,
-    check_repair,
     connect,
     session_states,
 )
@@ -82,7 +83,6 @@ def test_sigkill_during_ingest_leaves_whole_sessions_and_self_repairing_indexes(
     expected = initial + later
     reference_s = 0.0  # how long the unkilled writer (seed 0) runs
     outcomes = []
-    torn = []
     for seed in range(20):
         rng = random.Random(seed)
         work = tmp_path / f"seed{seed}"
@@ -122,60 +122,108 @@ def test_sigkill_during_ingest_leaves_whole_sessions_and_self_repairing_indexes(
         assert written == ["present"] * n_present + ["absent"] * (len(later) - n_present), written
         assert len(committed) <= n_present <= len(committed) + 1
         assert_consistent(db, zygote.model_id)
-        if not check_repair(db, minilm, NAMESPACES, work):
-            torn.append(seed)
+        assert_search_matches_rebuild(db, minilm, NAMESPACES, work)
         outcomes.append((mode, n_present))
         shutil.rmtree(work)
     assert outcomes[0] == ("not killed", len(later))
     assert len({n for _, n in outcomes[1:]}) >= 4, f"kills landed in too few places: {outcomes}"
-    if torn:
-        pytest.xfail(f"seeds {torn}: killed between the renames of an index save (see TORN_GRAPH_BUG)")
 
 
-# --------------------------------------------------------------------------- torn index saves
+# --------------------------------------------------------------------------- interrupted index saves
+#
+# Both index kinds save the same way: write a new generation of files (named after a random
+# id), switch the manifest to it by renaming a temporary, then remove older generations. A kill
+# can stop a save at any of those steps; the next open must cope with what is left.
 
 
-def _index_files(db: Path, namespace: str) -> dict[str, bytes]:
-    folder = Path(str(db) + ".indexes") / namespace
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("tuple.") and p.is_file()}
+@dataclass(frozen=True)
+class IndexFiles:
+    """How one index kind (of the tuple store) names its files."""
+
+    manifest: str
+    #: A file of this index kind (not the manifest), and the generation it belongs to.
+    generation_of: Callable[[str], str | None]
+    temporary_manifest: Callable[[str], str]
+
+    def files(self, folder: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in folder.iterdir()
+                if p.is_file() and (p.name == self.manifest or self.generation_of(p.name))}
+
+    def generation(self, files: dict[str, bytes]) -> dict[str, bytes]:
+        return {name: data for name, data in files.items() if name != self.manifest}
 
 
-#: The new graph beside the old labels and manifest loads as a valid index whose live set
-#: disagrees with its graph: ``sync`` then unmarks labels that are not deleted (or marks deleted
-#: ones again) and hnswlib raises. Fix in index.py: make the three files one unit (e.g. name the
-#: graph and labels after a save token that the manifest, renamed last, records).
-TORN_GRAPH_BUG = pytest.mark.xfail(strict=True, raises=RuntimeError,
-                                   reason="index.py: a torn save (new graph, old labels) breaks the next open")
+def _hnsw_generation(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if name.startswith("tuple.") and name.endswith((".hnsw", ".labels.npy")) else None
+
+
+def _bm25_generation(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if name.startswith("tuple.bm25.") and len(parts) > 3 and not name.endswith(".tmp") else None
+
+
+INDEX_KINDS = {
+    "hnswlib": IndexFiles("tuple.manifest.json", _hnsw_generation, lambda g: f"tuple.manifest.{g}.tmp"),
+    "bm25": IndexFiles("tuple.bm25.json", _bm25_generation, lambda g: f"tuple.bm25.json.{g}.tmp"),
+}
+
+
+def _half_written(kind: IndexFiles, old: dict, new: dict) -> dict:
+    first = sorted(kind.generation(new))[0]
+    return {**old, first: new[first][: len(new[first]) // 2]}
+
+
+def _temporary_manifest(kind: IndexFiles, old: dict, new: dict) -> dict:
+    generation = kind.generation_of(sorted(kind.generation(new))[0])
+    return {**old, **kind.generation(new), kind.temporary_manifest(generation): new[kind.manifest]}
+
+
+#: Files a kill leaves at each step of a save: (kind, files before the save, after it) → on disk.
+INTERRUPTED_SAVES = {
+    "while-writing-the-new-generation": _half_written,
+    "before-the-manifest-switch": lambda kind, old, new: {**old, **kind.generation(new)},
+    "with-the-new-manifest-still-a-temporary": _temporary_manifest,
+    "before-old-generations-are-removed": lambda kind, old, new: {**old, **new},
+}
+
+
+def _change(memory: HybridMemory, item, change: str) -> None:
+    memory.search("load the indexes", namespace="alice")
+    if change in ("add", "add_and_delete"):
+        memory.add_memories("alice", episodes=item.episodes, tuples=item.tuples, session=item.session)
+    if change in ("delete", "add_and_delete"):
+        for m in memory.list("alice", kind="tuple")[:3]:
+            memory.delete(m.id)
+    memory.search("rebuild and save the BM25 index", namespace="alice")
 
 
 @pytest.mark.parametrize("change", ["add", "delete", "add_and_delete"])
-@pytest.mark.parametrize("replaced", [pytest.param(("graph",), marks=TORN_GRAPH_BUG, id="graph"),
-                                      pytest.param(("graph", "labels"), id="graph+labels")])
-def test_a_kill_between_the_renames_of_an_index_save_is_repaired_on_open(tmp_path, minilm, change, replaced):
-    """``VectorIndex.save`` renames graph, labels, manifest in turn: a kill between two renames
-    leaves new files beside old ones. The next open must still search like a fresh rebuild."""
+@pytest.mark.parametrize("crash", list(INTERRUPTED_SAVES))
+@pytest.mark.parametrize("index_kind", list(INDEX_KINDS))
+def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, minilm, index_kind, crash, change):
+    kind = INDEX_KINDS[index_kind]
     items = curated_sessions("alice", 4, seed=3)
     db = tmp_path / "m.db"
+    folder = Path(str(db) + ".indexes") / "alice"
     with HybridMemory.open(db, embedder=minilm) as memory:
         for item in items[:3]:
             memory.add_memories("alice", episodes=item.episodes, tuples=item.tuples, session=item.session)
         memory.search("save the indexes", namespace="alice")
-    old = _index_files(db, "alice")
+    old = kind.files(folder)
     with HybridMemory.open(db, embedder=minilm) as memory:
-        memory.search("load the indexes", namespace="alice")
-        if change in ("add", "add_and_delete"):
-            item = items[3]
-            memory.add_memories("alice", episodes=item.episodes, tuples=item.tuples, session=item.session)
-        if change in ("delete", "add_and_delete"):
-            for m in memory.list("alice", kind="tuple")[:3]:
-                memory.delete(m.id)
-    new = _index_files(db, "alice")
-    assert old != new
-    names = {"graph": "tuple.hnsw", "labels": "tuple.labels.npy", "manifest": "tuple.manifest.json"}
-    folder = Path(str(db) + ".indexes") / "alice"
-    for part, name in names.items():
-        (folder / name).write_bytes(new[name] if part in replaced else old[name])
+        _change(memory, items[3], change)
+    new = kind.files(folder)
+    assert old and set(kind.generation(old)).isdisjoint(kind.generation(new)), "a save must write a new generation"
+    for name in new:
+        (folder / name).unlink()
+    for name, data in INTERRUPTED_SAVES[crash](kind, old, new).items():
+        (folder / name).write_bytes(data)
     assert_search_matches_rebuild(db, minilm, ["alice"], tmp_path)
+    with HybridMemory.open(db, embedder=minilm) as memory:
+        _change(memory, items[3], "delete")
+    left = {kind.generation_of(name) for name in kind.generation(kind.files(folder))}
+    assert len(left) == 1, f"the next save left generations {left}"
 
 
 # --------------------------------------------------------------------------- curation (LLM + store)
@@ -267,6 +315,6 @@ def test_sigkill_during_curation_then_rerun_ends_exactly_as_an_uninterrupted_ing
             assert resumed["skipped"] == len(killed)
             outcomes.append(len(killed))
         assert len(set(outcomes)) >= 2, f"kills landed in too few places: {outcomes}"
-        assert check_repair(db, minilm, ["carol"], tmp_path)
+        assert_search_matches_rebuild(db, minilm, ["carol"], tmp_path)
     finally:
         server.stop()

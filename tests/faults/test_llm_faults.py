@@ -158,9 +158,6 @@ def test_an_unreachable_server_is_a_clear_error_before_anything_is_stored(tmp_pa
     assert_integrity(db)
 
 
-#: LLMError (server unreachable, model missing) is not among the CLI's USER_ERRORS, so
-#: ``hybridmem ingest`` prints a traceback. Fix in cli.py: add LLMError to USER_ERRORS.
-@pytest.mark.xfail(strict=True, reason="cli.py: LLMError ends in a traceback instead of one line")
 def test_the_cli_reports_an_unreachable_llm_server_in_one_line(tmp_path, server, session):
     server.stop()
     config = tmp_path / "config.yaml"

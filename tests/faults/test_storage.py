@@ -22,11 +22,6 @@ from hybridmem_local.store import StoreError
 from tests.faults.corpus import QUERIES, curated_sessions, write_jsonl
 from tests.faults.invariants import assert_integrity, session_states
 
-#: The CLI turns its USER_ERRORS into one line and exit code 1; sqlite3.OperationalError ("database
-#: or disk is full") and OSError ("Read-only file system") are not among them, so the user gets a
-#: traceback. Fix in cli.py: add both (or have store.py wrap them in StoreError, naming the file).
-CLI_STORAGE_ERRORS = pytest.mark.xfail(strict=True, reason="cli.py: disk-full / read-only errors end in a traceback")
-
 
 def rows(db: Path) -> dict[str, list]:
     """Every row of the tables that hold user data (compared before and after a fault)."""
@@ -81,7 +76,7 @@ def test_a_full_database_refuses_the_session_whole_and_accepts_it_once_there_is_
     with memory:
         before_search = memory.search(QUERIES[0], namespace="alice")
         before = rows(db)
-        with pytest.raises(sqlite3.OperationalError):
+        with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
             _add(memory, big)
         assert memory.store.integrity_check() == "ok"
         assert not memory.store.conn.in_transaction
@@ -93,16 +88,6 @@ def test_a_full_database_refuses_the_session_whole_and_accepts_it_once_there_is_
         _add(memory, big)
     assert_integrity(db)
     assert set(session_states(db, [first, big]).values()) == {"present"}
-
-
-#: When a statement fails with SQLITE_FULL, SQLite has already rolled the transaction back;
-#: ``MemoryStore.transaction`` then runs ROLLBACK, which raises "cannot rollback - no transaction
-#: is active" and hides the real cause. Fix in store.py: roll back only ``if conn.in_transaction``.
-@pytest.mark.xfail(strict=True, reason="store.py: ROLLBACK after SQLite's own rollback masks 'database or disk is full'")
-def test_a_full_database_error_says_the_disk_is_full(tmp_path, minilm):
-    memory, _, big = _full_store(tmp_path, minilm)
-    with memory, pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
-        _add(memory, big)
 
 
 def test_a_filling_disk_stops_ingest_with_sqlites_error_and_keeps_every_committed_session(tmpfs, minilm):
@@ -120,7 +105,6 @@ def test_a_filling_disk_stops_ingest_with_sqlites_error_and_keeps_every_committe
     assert [states[("alice", c.session.session_id)] for c in items] == ["present"] * len(written) + ["absent"] * (len(items) - len(written))
 
 
-@CLI_STORAGE_ERRORS
 def test_the_cli_reports_a_full_disk_in_one_line(tmpfs, tmp_path):
     sessions = write_jsonl([c.session for c in curated_sessions("alice", 400, seed=13, turns=8)], tmp_path / "s.jsonl")
     result = CliRunner().invoke(app, ["ingest", str(sessions), "--no-curate", "--db", str(tmpfs / "m.db")])
@@ -175,7 +159,6 @@ def test_a_read_only_store_is_a_clear_error_and_stays_intact(read_only_store, mi
     assert session_states(db, items[1:]) == {("alice", items[1].session.session_id): "absent"}
 
 
-@CLI_STORAGE_ERRORS
 def test_the_cli_reports_a_read_only_store_in_one_line(read_only_store, tmp_path):
     db, items, _ = read_only_store
     sessions = write_jsonl([items[1].session], tmp_path / "s.jsonl")

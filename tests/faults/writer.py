@@ -10,7 +10,8 @@ The zygote never runs the model before forking, so each writer starts torch's th
 itself (a pool inherited across ``fork`` could deadlock). Jobs:
 
 * ``add_sessions`` — ``HybridMemory.add_memories(..., session=...)`` per curated session (one
-  transaction each), index files saved after every session, a search every few sessions;
+  transaction each), index files saved after every session (``saves_per_session`` times), a
+  search every few sessions;
 * ``ingest`` — ``HybridMemory.ingest(sessions)`` with the configured LLM (curation), or raw
   (``curate: false``).
 """
@@ -52,7 +53,7 @@ def _job_add_sessions(memory, spec: dict) -> None:
     for n, item in enumerate(items, start=1):
         memory.add_memories(item.session.namespace, episodes=item.episodes, tuples=item.tuples, session=item.session)
         _progress(spec, f"committed {item.session.namespace} {item.session.session_id}")
-        if spec.get("flush", True):
+        for _ in range(spec.get("saves_per_session", 1)):
             memory.flush()
         if n % 3 == 0:
             memory.search(QUERIES[n % len(QUERIES)], namespace=item.session.namespace)
@@ -124,6 +125,7 @@ class Zygote:
             stdout=subprocess.PIPE, stderr=self._log, text=True,
         )
         self._lines: queue.Queue[str] = queue.Queue()
+        self._running: list[int] = []
         threading.Thread(target=self._pump, daemon=True).start()
         self.model_id = self._next(ready_timeout_s)["ready"]
 
@@ -138,12 +140,22 @@ class Zygote:
             raise AssertionError(f"zygote silent for {timeout_s}s (log: {self._log.name})") from None
 
     def start(self, specs: list[dict]) -> list[int]:
+        if self._running:  # a failed test left writers behind: end them first
+            for pid in self._running:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.wait()
         self.proc.stdin.write(json.dumps(specs) + "\n")
         self.proc.stdin.flush()
-        return self._next(30)["pids"]
+        self._running = self._next(30)["pids"]
+        return self._running
 
     def wait(self, timeout_s: float = 300) -> dict[int, int]:
-        return {int(pid): code for pid, code in self._next(timeout_s)["statuses"].items()}
+        statuses = {int(pid): code for pid, code in self._next(timeout_s)["statuses"].items()}
+        self._running = []
+        return statuses
 
     def close(self) -> None:
         self.proc.stdin.close()
