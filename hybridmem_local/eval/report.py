@@ -365,7 +365,7 @@ def write_plots(summary: dict[str, Any], out: Path) -> list[Path]:
         figure = draw(plt, summary)
         if figure is not None:
             figure.tight_layout()
-            figure.savefig(out / name, dpi=120)
+            figure.savefig(out / name, dpi=120, bbox_inches="tight")
             plt.close(figure)
             written.append(out / name)
     return written
@@ -388,7 +388,7 @@ def _plot_categories(plt, summary):
     axis.set_ylabel(f"{_TITLES.get(metric, metric)} (%)")
     axis.set_ylim(0, 100)
     axis.set_title(f"{summary['benchmark']}: {_TITLES.get(metric, metric)} by category")
-    axis.legend(fontsize="small", ncols=2)
+    axis.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: bars reach 100
     return figure
 
 

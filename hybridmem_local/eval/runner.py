@@ -215,14 +215,14 @@ def load_benchmark(options: RunOptions) -> LoadedBenchmark:
         issues = [i for i in dataset.evidence_issues if i.question_id in selected]
         counts: dict[str, Any] = {
             "malformed_evidence": {kind: sum(1 for i in issues if i.kind == kind) for kind in ("split", "repaired", "unresolvable", "dangling")},
-            "empty_sessions_skipped": dataset.empty_sessions_skipped,
-            "empty_turns_skipped": dataset.empty_turns_skipped,
+            "empty_sessions_skipped_in_file": dataset.empty_sessions_skipped,
+            "empty_turns_skipped_in_file": dataset.empty_turns_skipped,
         }
     else:
         counts = {
-            "empty_sessions_skipped": dataset.empty_sessions_skipped,
-            "empty_turns_skipped": dataset.empty_turns_skipped,
-            "duplicate_sessions_skipped": dataset.duplicate_sessions_skipped,
+            "empty_sessions_skipped_in_file": dataset.empty_sessions_skipped,
+            "empty_turns_skipped_in_file": dataset.empty_turns_skipped,
+            "duplicate_sessions_skipped_in_file": dataset.duplicate_sessions_skipped,
         }
     counts["questions_without_evidence"] = sum(1 for c in conversations for q in c.questions if not q.evidence)
     return LoadedBenchmark(conversations=conversations, counts=counts)

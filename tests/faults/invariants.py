@@ -31,7 +31,7 @@ def assert_integrity(db: Path) -> None:
 
 def session_states(db: Path, expected: Sequence[CuratedSession]) -> dict[tuple[str, str], str]:
     """``present`` or ``absent`` per session; fails unless each one is whole or wholly missing:
-    session row ⇔ every one of its turns ⇔ every one of its memories, with their vectors."""
+    session row ⇔ every one of its turns ⇔ every one of its memories (vectors: assert_consistent)."""
     conn = connect(db)
     states = {}
     try:

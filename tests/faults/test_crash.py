@@ -229,8 +229,9 @@ def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, minilm, 
 # --------------------------------------------------------------------------- curation (LLM + store)
 #
 # The LLM is the openai-server backend (official client, call cache, retries) against a local
-# HTTP server answering like vLLM: llama.cpp's SmolLM2 crashes in this environment and the
-# tiny random transformers model never finishes a JSON reply within its token budget.
+# HTTP server answering like vLLM. The local models are no use here: SmolLM2 on llama.cpp took
+# ~3 minutes per constrained curation request on these 2 busy cores (and its 256-token reply
+# was cut off), and the tiny random transformers model never closes its JSON in budget.
 
 CURATION_OVERRIDES = {
     # One request per session, no retries: each session commits on its own, runs are predictable.
