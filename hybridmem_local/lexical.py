@@ -43,6 +43,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+def _bm25s():
+    """Import bm25s on first use; it sets its own logger to DEBUG, which would print on every build."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
+
 #: Bumped when the on-disk layout changes; older indexes are then rebuilt.
 FORMAT = 1
 STEMMER_LANGUAGE = "english"
@@ -63,7 +71,7 @@ def _stemmer():
 
 def tokenize(texts: Sequence[str]) -> list[list[str]]:
     """Lower-cased word tokens, English stopwords removed, Snowball-stemmed."""
-    import bm25s
+    bm25s = _bm25s()
 
     return bm25s.tokenize(list(texts), stopwords=STOPWORDS, stemmer=_stemmer(), return_ids=False, show_progress=False)
 
@@ -157,7 +165,7 @@ class LexicalIndex:
                 return "label file does not match manifest"
             bm25 = None
             if manifest.has_terms:
-                import bm25s
+                bm25s = _bm25s()
 
                 bm25 = bm25s.BM25.load(
                     str(self.directory), **self._build_files(manifest.build), show_progress=False
@@ -195,7 +203,7 @@ class LexicalIndex:
         bm25 = None
         # bm25s cannot index a corpus without a single token; such an index simply finds nothing.
         if any(corpus):
-            import bm25s
+            bm25s = _bm25s()
 
             bm25 = bm25s.BM25()
             bm25.index(corpus, show_progress=False)

@@ -83,7 +83,7 @@ def test_request_shows_memories_question_and_question_date():
     assert "Question: When did Alice adopt Biscuit?" in user
     assert "Question date: 2023-06-20 (Tuesday)" in user
     assert request.output_schema is AnswerDraft
-    assert request.prompt_version == "answer/v1"
+    assert request.prompt_version == "answer/v2"
     assert request.max_new_tokens == ANSWER_MAX_NEW_TOKENS and request.enable_thinking is False
     assert "I don't know" in request.messages[0].content
 
@@ -115,7 +115,7 @@ def test_citations_resolve_to_memories_and_unknown_ones_are_dropped_and_counted(
     assert answer.cited_turn_ids == ["s1:4", "s1:6", "s2:1"]
     assert answer.context_text == context.text
     assert (answer.prompt_tokens, answer.completion_tokens) == (321, 12)
-    assert answer.prompt_version == "answer/v1"
+    assert answer.prompt_version == "answer/v2"
     # Exactly one LLM call, filed under the namespace for the call cache.
     assert len(llm.batches) == 1 and len(llm.batches[0]) == 1
     assert llm.batches[0][0].tag == "alice"
