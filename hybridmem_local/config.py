@@ -94,9 +94,10 @@ class LLMConfig(_Section):
     path: Path | None = None
     temperature: float = Field(default=0.0, ge=0.0)
     seed: int = 0
-    max_new_tokens: int = Field(default=1024, ge=1)
+    #: SmolLM2 filling the curation schema's caps writes ~1.5k tokens: 1024 cut replies off.
+    max_new_tokens: int = Field(default=2048, ge=1)
     #: Context window the prompts are sized for (sessions longer than this are split).
-    context_tokens: int = Field(default=2048, ge=256)
+    context_tokens: int = Field(default=4096, ge=256)
     n_threads: int | None = None
     # vLLM (in-process or server side)
     tensor_parallel_size: int = Field(default=1, ge=1)
