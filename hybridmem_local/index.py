@@ -153,10 +153,19 @@ class VectorIndex:
         tmp_manifest.write_text(manifest.model_dump_json())
         for path in (graph, labels, tmp_manifest):
             os.chmod(path, 0o600)
+        replaced = self._committed_generation()
         os.replace(tmp_manifest, self._manifest_path)
-        for stale in self._generation_files():
-            if f".{generation}." not in stale.name:
-                stale.unlink(missing_ok=True)
+        # Remove only the generation this save replaced: another process may be mid-save with
+        # files that no manifest names yet. Orphans of a crashed save go with delete_files().
+        if replaced is not None and replaced != generation:
+            self._graph_path(replaced).unlink(missing_ok=True)
+            self._labels_path(replaced).unlink(missing_ok=True)
+
+    def _committed_generation(self) -> str | None:
+        try:
+            return IndexManifest.model_validate_json(self._manifest_path.read_text()).generation
+        except (OSError, ValueError):
+            return None
 
     def delete_files(self) -> None:
         for path in self.files():

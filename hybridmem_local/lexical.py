@@ -229,12 +229,21 @@ class LexicalIndex:
             ).model_dump_json()
         )
         os.chmod(tmp_manifest, 0o600)
+        replaced = self._committed_build()
         os.replace(tmp_manifest, self._manifest_path)
-        for path in self.files():
-            # Another process's manifest may be mid-write: its .tmp is not ours to remove.
-            if not path.name.startswith(current) and path != self._manifest_path and path.suffix != ".tmp":
-                path.unlink(missing_ok=True)
+        # Remove only the build this save replaced: another process may be mid-save with files
+        # of its own that no manifest names yet. Orphans of a crashed save go with delete_files().
+        if replaced is not None and replaced != build:
+            for path in self.files():
+                if path.name.startswith(f"{self.kind}.bm25.{replaced}."):
+                    path.unlink(missing_ok=True)
         self._dirty = False
+
+    def _committed_build(self) -> str | None:
+        try:
+            return LexicalManifest.model_validate_json(self._manifest_path.read_text()).build
+        except (OSError, ValueError):
+            return None
 
     # ------------------------------------------------------------------ queries
 

@@ -155,7 +155,8 @@ class IndexFiles:
 
 def _hnsw_generation(name: str) -> str | None:
     parts = name.split(".")
-    return parts[1] if name.startswith("tuple.") and name.endswith((".hnsw", ".labels.npy")) else None
+    is_hnsw = name.startswith("tuple.") and not name.startswith("tuple.bm25.") and name.endswith((".hnsw", ".labels.npy"))
+    return parts[1] if is_hnsw else None
 
 
 def _bm25_generation(name: str) -> str | None:
@@ -223,7 +224,9 @@ def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, minilm, 
     with HybridMemory.open(db, embedder=minilm) as memory:
         _change(memory, items[3], "delete")
     left = {kind.generation_of(name) for name in kind.generation(kind.files(folder))}
-    assert len(left) == 1, f"the next save left generations {left}"
+    # A save removes the generation it replaced; an orphan of the killed save may stay (a save
+    # must not delete files no manifest names: they may be a concurrent save's) until forget/rebuild.
+    assert 1 <= len(left) <= 2, f"the next save left generations {left}"
 
 
 # --------------------------------------------------------------------------- curation (LLM + store)
