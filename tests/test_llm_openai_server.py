@@ -149,7 +149,7 @@ def test_batch_is_sent_concurrently_with_schema_and_thinking_switch(serve):
         assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "Fact", "schema": schema}}
         assert body["structured_outputs"] == {"json": schema}
         assert body["chat_template_kwargs"] == {"enable_thinking": False}
-        assert body["temperature"] == 0.0 and body["max_tokens"] == 1024
+        assert body["temperature"] == 0.0 and body["max_tokens"] == LLMConfig().max_new_tokens
 
 
 def test_thinking_request_sends_the_switch_and_the_think_block_is_stripped(serve):
