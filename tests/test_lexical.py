@@ -8,7 +8,7 @@ import stat
 import numpy as np
 import pytest
 
-from hybridmem_local.lexical import LexicalIndex, memory_text, tokenize
+from hybridmem_local.lexical import LexicalManifest, LexicalIndex, memory_text, tokenize
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Episode, MemoryStatus, RelationalTuple
 from tests.factories import make_episode, make_tuple
@@ -121,8 +121,12 @@ def test_damaged_or_stale_index_is_rebuilt(tmp_path, damage):
     assert report.rebuilt
     assert repaired.search("Caroline greyhound running", 5) == expected
     repaired.save()
-    # The new save leaves exactly one build (the damaged one is cleaned up).
-    assert len(builds(repaired)) == 1 and builds(repaired) != {build_id}
+    # The manifest names the new build; a build it replaced is removed, one no manifest named
+    # any more (manifest gone) stays as an orphan until delete_files() (it could be a
+    # concurrent save's).
+    committed = LexicalManifest.model_validate_json((directory / "tuple.bm25.json").read_text()).build
+    assert committed in builds(repaired) and committed != build_id
+    assert builds(repaired) <= {committed, build_id}
 
 
 def test_a_crashed_save_leaves_the_previous_index_usable(tmp_path):
@@ -136,6 +140,9 @@ def test_a_crashed_save_leaves_the_previous_index_usable(tmp_path):
     assert reloaded.search("Caroline", 5) == expected
     reloaded.build(np.array(sorted(DOCS)), [DOCS[i] for i in sorted(DOCS)])
     reloaded.save()
+    # A save never removes files no manifest names (a concurrent save's); delete_files() does.
+    assert reloaded.search("Caroline", 5) == expected
+    reloaded.delete_files()
     assert not orphan.exists()
 
 

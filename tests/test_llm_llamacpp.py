@@ -65,6 +65,6 @@ def test_greedy_decoding_is_repeatable_and_text_mode_answers(smollm2):
 
 
 def test_prompt_beyond_the_context_window_is_a_result_error(smollm2):
-    too_long = LLMRequest(messages=[ChatMessage(role="user", content="memory " * 3000)], output_schema=Fact)
+    too_long = LLMRequest(messages=[ChatMessage(role="user", content="memory " * 10_000)], output_schema=Fact)
     [result] = smollm2.generate([too_long])
     assert not result.ok and "context window" in result.error
