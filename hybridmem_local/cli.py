@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from hybridmem_local.cli_errors import err, reported
 from hybridmem_local.config import ConfigError, load_config
 from hybridmem_local.model_registry import ModelRegistryError
 from hybridmem_local.ingest import InputFileError, read_sessions_jsonl
@@ -24,7 +25,6 @@ from hybridmem_local.store import NotFoundError, StoreError
 
 app = typer.Typer(help="Offline long-term memory for dialogue agents.", no_args_is_help=True, add_completion=False)
 console = Console()
-err = Console(stderr=True)
 
 DB_OPTION = typer.Option(Path("hybridmem.db"), "--db", envvar="HYBRIDMEM_DB", help="SQLite store file.")
 CONFIG_OPTION = typer.Option(None, "--config", "-c", envvar="HYBRIDMEM_CONFIG", help="YAML config (default: built-in paper defaults).")
@@ -37,11 +37,6 @@ USER_ERRORS = (
     InputFileError, ConfigError, StoreError, NotFoundError, ModelRegistryError, LLMError, ValueError,
     sqlite3.Error, OSError,
 )
-
-
-def _fail(exc: BaseException) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}")
-    return typer.Exit(code=1)
 
 
 def _open(db: Path, config: Optional[Path], overrides: dict | None = None) -> HybridMemory:
@@ -93,7 +88,7 @@ def ingest(
     curate: bool = typer.Option(True, "--curate/--no-curate", help="Curate memories with the configured LLM."),
 ) -> None:
     """Store sessions (raw turns, then curated memories)."""
-    try:
+    with reported(*USER_ERRORS):
         sessions = load_sessions_file(path, namespace, conversation)
         with _open(db, config) as memory:
             started = time.perf_counter()
@@ -102,8 +97,6 @@ def ingest(
                 f"ingested {report.stored} sessions ({report.skipped} already present, {report.failed} curation failures) "
                 f"with {report.memories} memories in {time.perf_counter() - started:.1f}s"
             )
-    except USER_ERRORS as exc:
-        raise _fail(exc)
 
 
 @app.command()
@@ -116,11 +109,9 @@ def search(
     config: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Top-k episodes and top-2k tuples for a query (no LLM call)."""
-    try:
+    with reported(*USER_ERRORS):
         with _open(db, config) as memory:
             result = memory.search(query, namespace=namespace, k=k)
-    except USER_ERRORS as exc:
-        raise _fail(exc)
     if as_json:
         console.print_json(result.model_dump_json())
         return
@@ -134,11 +125,9 @@ def search(
 @app.command()
 def stats(namespace: Optional[str] = typer.Option(None, "--namespace", "-n"), db: Path = DB_OPTION, config: Optional[Path] = CONFIG_OPTION) -> None:
     """Counts of sessions, turns and memories by status."""
-    try:
+    with reported(*USER_ERRORS):
         with _open(db, config) as memory:
             console.print_json(memory.stats(namespace).model_dump_json())
-    except USER_ERRORS as exc:
-        raise _fail(exc)
 
 
 @app.command()
@@ -149,11 +138,9 @@ def export(
     config: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Export a namespace (sessions and memories with provenance) as JSONL."""
-    try:
+    with reported(*USER_ERRORS):
         with _open(db, config) as memory:
             console.print(f"wrote {memory.export(namespace, out)} records to {out}")
-    except USER_ERRORS as exc:
-        raise _fail(exc)
 
 
 @app.command("import")
@@ -164,11 +151,9 @@ def import_(
     config: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Import a namespace export."""
-    try:
+    with reported(*USER_ERRORS):
         with _open(db, config) as memory:
             console.print(json.dumps(memory.import_(path, namespace)))
-    except USER_ERRORS as exc:
-        raise _fail(exc)
 
 
 @app.command()
@@ -181,11 +166,9 @@ def forget(
     """Remove every trace of a namespace (rows, history, vectors, index files, exports, LLM cache)."""
     if not yes and not typer.confirm(f"Permanently remove namespace {namespace!r}?"):
         raise typer.Exit(code=1)
-    try:
+    with reported(*USER_ERRORS):
         with _open(db, config) as memory:
             console.print_json(json.dumps(memory.forget(namespace)))
-    except USER_ERRORS as exc:
-        raise _fail(exc)
 
 
 @app.command()
@@ -196,12 +179,10 @@ def curate(
     config: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Curate stored sessions that are not curated yet."""
-    try:
+    with reported(*USER_ERRORS):
         with _open(db, config) as memory:
             started = time.perf_counter()
             report = memory.curate_pending(namespace, retry_failed=retry_failed, progress=progress())
-    except USER_ERRORS as exc:
-        raise _fail(exc)
     console.print(
         f"curated {report.curated} sessions ({report.failed} failed) into {report.memories} memories "
         f"with {report.llm_calls} LLM calls in {time.perf_counter() - started:.1f}s"
@@ -218,11 +199,9 @@ def ask(
     config: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Answer a question from the namespace's memories (one LLM call)."""
-    try:
+    with reported(*USER_ERRORS):
         with _open(db, config) as memory:
             answer = memory.answer(question, namespace=namespace, k=k)
-    except USER_ERRORS as exc:
-        raise _fail(exc)
     if as_json:
         console.print_json(answer.model_dump_json())
     else:
@@ -253,7 +232,7 @@ def demo(
 
     started = time.perf_counter()
     db.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    with reported(*USER_ERRORS):
         sessions = read_sessions_jsonl(DEMO_SESSIONS, "demo")
         with _open(db, config) as memory:
             console.print(f"[bold]LLM:[/] {memory.config.llm.backend}:{memory.config.llm.model}  "
@@ -266,8 +245,6 @@ def demo(
             )
             for q in question:
                 print_answer(memory.answer(q, namespace="demo"))
-    except USER_ERRORS as exc:
-        raise _fail(exc)
     console.print(f"done in {time.perf_counter() - started:.1f}s")
 
 
@@ -279,11 +256,9 @@ def consolidate(
     config: Optional[Path] = CONFIG_OPTION,
 ) -> None:
     """Cluster memories (UMAP → HDBSCAN) and merge/delete them with the LLM, as one undoable run."""
-    try:
+    with reported(*USER_ERRORS):
         with _open(db, config) as memory:
             report = memory.consolidate(namespace, dry_run=dry_run)
-    except USER_ERRORS as exc:
-        raise _fail(exc)
     console.print(report.table())
 
 
@@ -296,11 +271,9 @@ def undo(
     """Restore exactly the state before a consolidation run."""
     from hybridmem_local.consolidation import ConsolidationError
 
-    try:
+    with reported(*USER_ERRORS, ConsolidationError):
         with _open(db, config) as memory:
             console.print_json(memory.undo(run_id).model_dump_json())
-    except (*USER_ERRORS, ConsolidationError) as exc:
-        raise _fail(exc)
 
 
 @app.command()
@@ -313,11 +286,9 @@ def purge(
     """Physically remove memories retired longer ago than --older-than days (with their history)."""
     from datetime import timedelta
 
-    try:
+    with reported(*USER_ERRORS):
         with _open(db, config) as memory:
             console.print_json(memory.purge(namespace, timedelta(days=older_than_days)).model_dump_json())
-    except USER_ERRORS as exc:
-        raise _fail(exc)
 
 
 @app.command()
@@ -328,10 +299,8 @@ def doctor(
     """Resolved models, backends (CPU/GPU, cuML, vLLM), the config in force, offline mode."""
     from hybridmem_local.offline import doctor_report, enforce_offline, print_doctor
 
-    try:
+    with reported(*USER_ERRORS):
         cfg = load_config(config)
-    except USER_ERRORS as exc:
-        raise _fail(exc)
     enforce_offline(cfg.offline.allow_network)
     print_doctor(doctor_report(cfg, verify=verify), console)
 

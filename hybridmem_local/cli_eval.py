@@ -17,13 +17,13 @@ import typer
 import yaml
 from rich.console import Console
 
+from hybridmem_local.cli_errors import err, fail, reported
 from hybridmem_local.config import ConfigError, load_config
 from hybridmem_local.eval import DatasetError
 from hybridmem_local.eval.systems import DEFAULT_RAG_BUDGET, SYSTEMS
 
 app = typer.Typer(help="Evaluate on LoCoMo / LongMemEval and report.", no_args_is_help=True, add_completion=False)
 console = Console()
-err = Console(stderr=True)
 
 ALL_SYSTEMS = ",".join(SYSTEMS)
 
@@ -69,23 +69,16 @@ def _overrides(pairs: Optional[list[str]]) -> dict:
 
 
 def _run(benchmark: str, **kwargs) -> None:
-    from pydantic import ValidationError
-
     from hybridmem_local.eval.runner import RunOptions, run_evaluation
     from hybridmem_local.eval.report import SUMMARY_MD
     from hybridmem_local.model_registry import ModelRegistryError
 
     config_path, overrides = kwargs.pop("config"), kwargs.pop("overrides")
-    try:
+    # pydantic's ValidationError (bad options) is a ValueError.
+    with reported(ConfigError, DatasetError, ModelRegistryError, ValueError, FileNotFoundError):
         config = load_config(config_path, overrides)
         options = RunOptions(benchmark=benchmark, command=sys.argv, **kwargs)
         result = run_evaluation(options, config, console=err)
-    except ValidationError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(code=1)
-    except (ConfigError, DatasetError, ModelRegistryError, ValueError, FileNotFoundError) as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(code=1)
     typer.echo((result.out / SUMMARY_MD).read_text(encoding="utf-8"))  # Markdown as is, not rewrapped
     console.print(
         f"{result.new_records} new records ({result.resumed_records} already done), "
@@ -163,7 +156,6 @@ def report(out: Path = typer.Argument(..., help="A results folder with summary.j
         manifest_path = out / MANIFEST
         manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else None
     except (OSError, json.JSONDecodeError) as exc:
-        err.print(f"[bold red]error:[/] cannot read {out / SUMMARY_JSON}: {exc}")
-        raise typer.Exit(code=1)
+        raise fail(f"cannot read {out / SUMMARY_JSON}: {exc}") from exc
     written = write_report(out, summary, manifest)
     console.print("wrote " + ", ".join(p.name for p in written))

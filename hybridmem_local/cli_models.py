@@ -15,13 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from hybridmem_local import model_registry
+from hybridmem_local.cli_errors import err, fail, reported
 from hybridmem_local.model_registry import ModelRegistryError, VerifyReport
 
 app = typer.Typer(
     help="Local model files: list, verify, download, bundle, install.", no_args_is_help=True, add_completion=False
 )
 console = Console()
-err = Console(stderr=True)
 
 MODELS_DIR_OPTION = typer.Option(
     None,
@@ -34,16 +34,9 @@ MANIFEST_OPTION = typer.Option(
 )
 
 
-def _fail(exc: BaseException) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}")
-    return typer.Exit(code=1)
-
-
 def _manifest(path: Optional[Path]) -> model_registry.Manifest:
-    try:
+    with reported(ModelRegistryError):
         return model_registry.load_manifest(path)
-    except ModelRegistryError as exc:
-        raise _fail(exc) from exc
 
 
 def _size(n: int | None) -> str:
@@ -126,7 +119,7 @@ def verify(
     if not names:
         names = [row.entry.name for row in model_registry.list_models(models_dir, loaded) if row.resolved]
         if not names:
-            raise _fail(ModelRegistryError("no model from the manifest is present; see `hybridmem models list`"))
+            raise fail("no model from the manifest is present; see `hybridmem models list`")
     failed = False
     for name in names:
         try:
@@ -149,10 +142,8 @@ def download(
 ) -> None:
     """Fetch a model's pinned files from the Hugging Face hub (needs internet), then verify them."""
     started = time.perf_counter()
-    try:
+    with reported(ModelRegistryError):
         report = model_registry.download(name, models_dir, _manifest(manifest), allow_network=True)
-    except ModelRegistryError as exc:
-        raise _fail(exc) from exc
     _print_files(report)
     console.print(f"downloaded {name} to {report.directory} in {time.perf_counter() - started:.1f}s")
 
@@ -166,10 +157,8 @@ def bundle_command(
 ) -> None:
     """Pack verified models into one tar with their manifest entries and SHA256SUMS."""
     started = time.perf_counter()
-    try:
+    with reported(ModelRegistryError):
         report = model_registry.bundle(names, out, models_dir, _manifest(manifest))
-    except ModelRegistryError as exc:
-        raise _fail(exc) from exc
     console.print(
         f"wrote {report.path}: {', '.join(report.models)} ({report.files} files, {_size(report.bytes)}) "
         f"in {time.perf_counter() - started:.1f}s"
@@ -185,10 +174,8 @@ def install_bundle_command(
 ) -> None:
     """Check every file of a bundle against its checksums and the manifest, then unpack it."""
     started = time.perf_counter()
-    try:
+    with reported(ModelRegistryError):
         report = model_registry.install_bundle(bundle_file, models_dir, _manifest(manifest), replace=replace)
-    except ModelRegistryError as exc:
-        raise _fail(exc) from exc
     console.print(
         f"installed {', '.join(report.models)} into {report.models_dir} ({report.files} files, "
         f"{_size(report.bytes)}) in {time.perf_counter() - started:.1f}s"

@@ -185,7 +185,7 @@ def _rule(pattern: str, resolve: Callable[[re.Match, date], Resolved]) -> Rule:
 
 RULES: list[Rule] = [
     _rule(rf"(?P<phrase>{_alternation(FIXED)})", _fixed),
-    _rule(rf"(?P<direction>last|this|next)\s+(?:(?P<unit>week|weekend|month|year))", _direction_unit),
+    _rule(r"(?P<direction>last|this|next)\s+(?:(?P<unit>week|weekend|month|year))", _direction_unit),
     _rule(rf"{_COUNT}\s+{_UNIT}\s+ago", _count_ago),
     _rule(rf"in\s+{_COUNT}\s+{_UNIT}", _count_ahead),
     _rule(rf"(?P<direction>last|this|next)\s+(?P<weekday>{_alternation(WEEKDAYS)})", _weekday),

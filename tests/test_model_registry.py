@@ -31,7 +31,6 @@ from hybridmem_local.model_registry import (
     resolve_model,
     verify,
 )
-from tests.no_egress import no_egress  # noqa: F401
 
 MINILM = "all-minilm-l6-v2"
 SMOLLM = "smollm2-135m-instruct"

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from tests.no_egress import EgressBlocked, block_egress, is_local_address, no_egress  # noqa: F401
+from tests.no_egress import EgressBlocked, block_egress, is_local_address
 
 OUTSIDE = ("93.184.216.34", 80)  # example.com's long-standing address
 

@@ -1,0 +1,26 @@
+"""How every ``hybridmem`` command reports an error the user can fix: one red line, exit code 1."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+
+
+def fail(message: object) -> typer.Exit:
+    """Print ``message`` as an error and return the exit to raise."""
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code=1)
+
+
+@contextmanager
+def reported(*errors: type[BaseException]) -> Iterator[None]:
+    """Turn ``errors`` raised inside the block into :func:`fail` (no traceback for fixable mistakes)."""
+    try:
+        yield
+    except errors as exc:
+        raise fail(exc) from exc
