@@ -124,7 +124,7 @@ def _prompt_injection_reaches_the_llm_only_as_data(memory: HybridMemory, tmp: Pa
     """An injection inside a turn lands in the user message's turn lines, never in the system
     prompt, and the curated memories cite only real turns."""
     from hybridmem_local.config import load_config
-    from tests.faults.llm_server import ChatServer, curation_reply
+    from tests.fake_vllm_server import ChatServer, curation_reply
 
     server = ChatServer(lambda body, attempt: curation_reply(body))
     try:

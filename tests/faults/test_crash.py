@@ -31,7 +31,7 @@ from tests.faults.invariants import (
     connect,
     session_states,
 )
-from tests.faults.llm_server import ChatServer, Sleep, curation_reply, session_key
+from tests.fake_vllm_server import ChatServer, Sleep, curation_reply, session_key
 from tests.faults.writer import error_text, job, progress_lines
 
 NAMESPACES = ("alice", "bob")

@@ -4,7 +4,7 @@ or in a clear error before anything is stored. The session is never lost.
 
 The LLM is the openai-server backend (official ``openai`` client, call cache, validation and
 retries) talking to a real HTTP server on 127.0.0.1 that answers like ``vllm serve`` and
-injects each fault (tests/faults/llm_server.py).
+injects each fault (tests/fake_vllm_server.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hybridmem_local.llm.base import LLMError
 from hybridmem_local.memory import HybridMemory
 from tests.faults.corpus import curated_sessions, write_jsonl
 from tests.faults.invariants import assert_integrity
-from tests.faults.llm_server import ChatServer, Hangup, Sleep, Status, curation_reply, turn_lines
+from tests.fake_vllm_server import ChatServer, Hangup, Sleep, Status, curation_reply, turn_lines
 
 GOOD = "good"  # placeholder: a valid CurationReply for the window the request shows
 TIMEOUT_S = 0.5

@@ -1,15 +1,17 @@
 """A real HTTP server on 127.0.0.1 speaking the endpoints of ``vllm serve`` that the
 openai-server backend uses (``/v1/models``, ``/v1/chat/completions``, ``/tokenize``), with the
 reply to each request chosen by a Python function: the stand-in for a vLLM server, which
-cannot run here. Unlike ``tests/test_llm_openai_server.ScriptedServer`` (keyed by the first
-message), the responder sees the whole request, so it can answer each curation window.
+cannot run here. The responder sees the whole request (so it can answer each curation window)
+and the attempt number of the request's key.
 
 A responder returns one of:
 
 * ``str`` — the assistant message content;
 * ``Sleep(seconds, then)`` — wait, then answer ``then`` (a client with a shorter timeout gives up);
 * ``Status(code)`` — an HTTP error with an OpenAI-style error body;
-* ``Hangup()`` — close the connection without any response.
+* ``Hangup()`` — close the connection without any response;
+* ``Barrier(then)`` — wait until ``barrier_parties`` requests are in flight at once, then answer
+  ``then`` (proves a batch is sent concurrently).
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ class Hangup:
     pass
 
 
-Action = str | Sleep | Status | Hangup
+@dataclass
+class Barrier:
+    then: str
+
+
+Action = str | Sleep | Status | Hangup | Barrier
 Responder = Callable[[dict, int], Action]
 
 
@@ -66,11 +73,20 @@ def curation_reply(body: dict) -> str:
 
 class ChatServer:
     """Serves until ``stop()``; ``requests`` records every chat body, ``attempts`` counts them
-    per key (the responder's second argument is the attempt number of the request's key)."""
+    per key (the responder's second argument is the attempt number of the request's key);
+    every reply reports ``usage`` as its (prompt, completion) tokens."""
 
-    def __init__(self, respond: Responder, key: Callable[[dict], str] = lambda body: "all"):
+    def __init__(
+        self,
+        respond: Responder,
+        key: Callable[[dict], str] = lambda body: "all",
+        usage: tuple[int, int] = (100, 20),
+        barrier_parties: int = 1,
+    ):
         self.respond = respond
         self.key = key
+        self.usage = usage
+        self.barrier = threading.Barrier(barrier_parties, timeout=10)
         self.requests: list[dict] = []
         self.attempts: dict[str, int] = {}
         self.lock = threading.Lock()
@@ -109,6 +125,9 @@ class ChatServer:
                 if isinstance(action, Sleep):
                     time.sleep(action.seconds)
                     action = action.then
+                if isinstance(action, Barrier):
+                    server.barrier.wait()
+                    action = action.then
                 if isinstance(action, Hangup):
                     self.close_connection = True
                     self.connection.close()
@@ -119,7 +138,8 @@ class ChatServer:
                 self._send(200, {
                     "id": f"chatcmpl-{attempt}", "object": "chat.completion", "created": 0, "model": body["model"],
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": action}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+                    "usage": {"prompt_tokens": server.usage[0], "completion_tokens": server.usage[1],
+                              "total_tokens": sum(server.usage)},
                 })
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
