@@ -68,3 +68,28 @@ def test_prompt_beyond_the_context_window_is_a_result_error(smollm2):
     too_long = LLMRequest(messages=[ChatMessage(role="user", content="memory " * 10_000)], output_schema=Fact)
     [result] = smollm2.generate([too_long])
     assert not result.ok and "context window" in result.error
+
+
+def test_with_a_cache_each_reply_is_kept_as_soon_as_it_exists(tmp_path, monkeypatch):
+    """llama.cpp answers one request at a time, so the cache commits one at a time: a run killed
+    during the second request of a batch keeps the first reply."""
+    config = LLMConfig(backend="llamacpp", model="smollm2-135m-instruct", n_threads=2)
+    llm = build_llm(config, cache_path=tmp_path / "cache.sqlite")
+    backend = llm.inner
+    complete_one = backend._complete_one
+    calls = []
+
+    def killed_on_the_second(request):
+        calls.append(request)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return complete_one(request)
+
+    monkeypatch.setattr(backend, "_complete_one", killed_on_the_second)
+    second = FACT_REQUEST.model_copy(update={"max_new_tokens": 64})
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([FACT_REQUEST, second])
+    monkeypatch.undo()
+    assert len(llm) == 1
+    [first] = llm.generate([FACT_REQUEST])
+    assert first.cached and first.ok

@@ -184,3 +184,15 @@ def test_api_key_comes_from_the_named_environment_variable(serve, monkeypatch):
 def test_count_tokens_uses_the_server_tokenizer(serve):
     server = serve({})
     assert client(server).count_tokens("one two three") == 3
+
+
+def test_the_call_cache_sends_several_rounds_of_concurrent_requests_per_commit(serve, tmp_path):
+    cases = [f"chunk-{i}" for i in range(9)]
+    server = serve({case: [GOOD] for case in cases})
+    config = LLMConfig(backend="openai-server", model=SERVED_MODEL, base_url=server.base_url, max_concurrent_requests=2)
+    llm = build_llm(config, cache_path=tmp_path / "cache.sqlite")
+    seen_sizes = []
+    inner_generate = llm.inner.generate
+    llm.inner.generate = lambda requests: seen_sizes.append(len(requests)) or inner_generate(requests)
+    assert all(r.ok for r in llm.generate([ask(case) for case in cases]))
+    assert seen_sizes == [8, 1]  # 4 rounds of 2 concurrent requests, then the rest

@@ -45,7 +45,9 @@ def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Pat
     else:
         llm = backend(config)
     if cache_path is not None:
-        llm = CachedLLM(llm, Path(cache_path), settings=sampling_settings(config))
+        llm = CachedLLM(
+            llm, Path(cache_path), settings=sampling_settings(config), chunk_size=getattr(llm, "cache_chunk_size", 32)
+        )
     return llm
 
 

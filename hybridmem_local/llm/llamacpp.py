@@ -40,6 +40,9 @@ def find_gguf(path: Path) -> Path:
 class LlamaCppLLM(ChatBackend):
     """One request at a time (llama.cpp has no batched generation); tested here on CPU."""
 
+    #: Sequential anyway, so each reply is committed to the cache as soon as it exists.
+    cache_chunk_size = 1
+
     def __init__(self, config: LLMConfig, model_path: Path):
         super().__init__(config)
         try:

@@ -44,6 +44,11 @@ class OpenAIServerLLM(ChatBackend):
         )
         self._check_served_model()
 
+    @property
+    def cache_chunk_size(self) -> int:
+        # Several rounds of concurrent requests per chunk, so a slow reply stalls few others.
+        return 4 * self.config.max_concurrent_requests
+
     def _check_served_model(self) -> None:
         try:
             served = [model.id for model in self._client.models.list()]

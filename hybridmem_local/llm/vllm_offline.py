@@ -25,6 +25,9 @@ from hybridmem_local.llm.replies import ChatBackend, Completion, schema_json
 
 
 class VLLMOfflineLLM(ChatBackend):
+    #: Continuous batching needs many requests in flight to fill the GPU.
+    cache_chunk_size = 512
+
     def __init__(self, config: LLMConfig, model_path: Path):
         super().__init__(config)
         try:
