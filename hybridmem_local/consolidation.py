@@ -36,7 +36,7 @@ import json
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
@@ -55,7 +55,7 @@ from hybridmem_local.schema import (
     check_namespace,
     utcnow,
 )
-from hybridmem_local.store import NotFoundError, text_hash
+from hybridmem_local.store import MemoryStore, NotFoundError, text_hash
 
 if TYPE_CHECKING:
     from hybridmem_local.memory import HybridMemory
@@ -351,10 +351,8 @@ def undo(memory: HybridMemory, run_id: int) -> UndoReport:
     first) or purged.
     """
     store = memory.store
-    with store.transaction() as conn:
-        row = conn.execute("SELECT namespace, status, report FROM consolidation_runs WHERE id = ?", (run_id,)).fetchone()
-        if row is None:
-            raise NotFoundError(f"no consolidation run with id {run_id}")
+    with store.transaction():
+        row = store.consolidation_run(run_id)
         if row["status"] == "undone":
             raise ConsolidationError(f"consolidation run {run_id} is already undone")
         namespace = row["namespace"]
@@ -362,7 +360,7 @@ def undo(memory: HybridMemory, run_id: int) -> UndoReport:
         changed_ids = sorted({i for sources in report.merged.values() for i in sources} | set(report.deleted))
         merged_ids = sorted(report.merged)
         touched = changed_ids + merged_ids
-        current = _status_rows(conn, touched)
+        current = store.status_rows(touched)
         purged = [i for i in touched if i not in current]
         if purged:
             raise ConsolidationError(
@@ -371,7 +369,7 @@ def undo(memory: HybridMemory, run_id: int) -> UndoReport:
         last_event = {e.memory_id: e for e in store.run_events(run_id)}
         conflicts = [i for i in touched if _state(last_event[i].after) != _state(current[i])]
         if conflicts:
-            raise ConsolidationError(_conflict_message(conn, run_id, conflicts, last_event))
+            raise ConsolidationError(_conflict_message(store, run_id, conflicts, last_event))
         for memory_id in changed_ids:
             before = last_event[memory_id].before
             store.set_status(
@@ -380,7 +378,7 @@ def undo(memory: HybridMemory, run_id: int) -> UndoReport:
             )
         for memory_id in merged_ids:
             store.set_status(memory_id, MemoryStatus.deleted, reason=f"undo of run {run_id}", run_id=run_id, action="undo")
-        conn.execute("UPDATE consolidation_runs SET status = 'undone' WHERE id = ?", (run_id,))
+        store.mark_consolidation_run_undone(run_id)
     rows = store.get_memories(touched)
     memory._apply_to_indexes(
         namespace,
@@ -404,21 +402,9 @@ def purge(memory: HybridMemory, namespace: str, older_than: timedelta) -> PurgeR
         raise ValueError(f"older_than must not be negative, got {older_than}")
     store = memory.store
     cutoff = utcnow() - older_than
-    with store.transaction() as conn:
-        candidates = {
-            r[0]
-            for r in conn.execute(
-                "SELECT m.id, coalesce(max(e.at), m.created_at) AS changed_at FROM memories m "
-                "LEFT JOIN events e ON e.memory_id = m.id "
-                "WHERE m.namespace = ? AND m.status != 'active' GROUP BY m.id HAVING changed_at < ?",
-                (namespace, cutoff.isoformat()),
-            )
-        }
-        pointers = dict(
-            conn.execute(
-                "SELECT id, superseded_by FROM memories WHERE namespace = ? AND superseded_by IS NOT NULL", (namespace,)
-            ).fetchall()
-        )
+    with store.transaction():
+        candidates = store.retired_before(namespace, cutoff)
+        pointers = store.superseded_pointers(namespace)
         doomed = set(candidates)
         # A row that a kept row still points at stays (its pointer must resolve); repeat
         # until stable, since keeping one row can keep the row it points at.
@@ -432,22 +418,11 @@ def purge(memory: HybridMemory, namespace: str, older_than: timedelta) -> PurgeR
             text_hash(m.index_text()) for m in store.list_memories(namespace, status=None) if m.id not in doomed
         }
         purged_texts = {text_hash(m.index_text()) for m in store.get_memories(ids).values()} - remaining_texts
-        events = embeddings = 0
-        for chunk in _chunks(ids):
-            marks = ",".join("?" * len(chunk))
-            events += conn.execute(f"DELETE FROM events WHERE memory_id IN ({marks})", chunk).rowcount
-            conn.execute(f"DELETE FROM memories WHERE id IN ({marks})", chunk)
-        for chunk in _chunks(sorted(purged_texts)):
-            marks = ",".join("?" * len(chunk))
-            embeddings += conn.execute(
-                f"DELETE FROM embeddings WHERE namespace = ? AND text_hash IN ({marks})", (namespace, *chunk)
-            ).rowcount
-        if ids:
-            store._event(namespace, "purge", None, None, None,
-                         {"memory_ids": ids, "cutoff": cutoff.isoformat()}, f"older than {older_than}")
+        events, embeddings = store.delete_memories(
+            namespace, ids, sorted(purged_texts), {"memory_ids": ids, "cutoff": cutoff.isoformat()}, f"older than {older_than}"
+        )
     if ids:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        conn.execute("VACUUM")
+        store.vacuum()
         if store.path is not None:
             memory.rebuild_indexes(namespace)  # hnswlib keeps vectors of deleted labels
     return PurgeReport(
@@ -464,10 +439,7 @@ def maybe_consolidate(
     every = memory.config.consolidation.every_n_sessions
     if every == 0:
         return None
-    row = memory.store.conn.execute(
-        "SELECT sessions_since_consolidation FROM namespaces WHERE name = ?", (check_namespace(namespace),)
-    ).fetchone()
-    if row is None or row[0] < every:
+    if memory.store.sessions_since_consolidation(namespace) < every:
         return None
     return consolidate(memory, namespace, llm, clusterer)
 
@@ -703,14 +675,11 @@ def _apply(memory: HybridMemory, plan: ConsolidationPlan, report: ConsolidationR
         "prompt_version": report.llm.prompt_version,
     }
     applied: list[GroupPlan] = []
-    with store.transaction() as conn:
-        run_id = conn.execute(
-            "INSERT INTO consolidation_runs (namespace, started_at, status, backend, params) VALUES (?, ?, 'applied', ?, ?)",
-            (namespace, utcnow().isoformat(), report.backend, json.dumps(params)),
-        ).lastrowid
+    with store.transaction():
+        run_id = store.start_consolidation_run(namespace, report.backend, params)
         report.run_id = run_id
         for group_plan in plan.groups:
-            stale = _not_active(conn, group_plan.touched_ids())
+            stale = _not_active(store, group_plan.touched_ids())
             if stale:
                 # Another process changed these since planning: skip the group, not the run.
                 report.skipped.append(SkippedGroup(group=group_plan.group, error=f"memories {stale} changed since planning"))
@@ -728,11 +697,7 @@ def _apply(memory: HybridMemory, plan: ConsolidationPlan, report: ConsolidationR
             applied.append(group_plan)
         _count_outcome(report, applied)
         report.timings.apply_s = time.perf_counter() - started
-        conn.execute(
-            "UPDATE consolidation_runs SET finished_at = ?, report = ? WHERE id = ?",
-            (utcnow().isoformat(), report.model_dump_json(), run_id),
-        )
-        conn.execute("UPDATE namespaces SET sessions_since_consolidation = 0 WHERE name = ?", (namespace,))
+        store.finish_consolidation_run(run_id, namespace, report.model_dump_json())
     changed = store.get_memories([i for g in applied for i in g.touched_ids()] + list(report.merged))
     memory._apply_to_indexes(
         namespace,
@@ -743,27 +708,11 @@ def _apply(memory: HybridMemory, plan: ConsolidationPlan, report: ConsolidationR
     return report
 
 
-# --------------------------------------------------------------------------- SQL helpers
+# --------------------------------------------------------------------------- helpers
 
 
-def _chunks(ids: Sequence[Any], size: int = 500) -> Iterator[list[Any]]:
-    for start in range(0, len(ids), size):
-        yield list(ids[start : start + size])
-
-
-def _status_rows(conn, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-    rows: dict[int, dict[str, Any]] = {}
-    for chunk in _chunks(ids):
-        marks = ",".join("?" * len(chunk))
-        for r in conn.execute(
-            f"SELECT id, status, superseded_by, status_reason FROM memories WHERE id IN ({marks})", chunk
-        ):
-            rows[r["id"]] = dict(r)
-    return rows
-
-
-def _not_active(conn, ids: Sequence[int]) -> list[int]:
-    rows = _status_rows(conn, ids)
+def _not_active(store: MemoryStore, ids: Sequence[int]) -> list[int]:
+    rows = store.status_rows(ids)
     return [i for i in ids if i not in rows or rows[i]["status"] != MemoryStatus.active.value]
 
 
@@ -772,15 +721,10 @@ def _state(row: Mapping[str, Any] | None) -> tuple:
     return row.get("status"), row.get("superseded_by"), row.get("status_reason")
 
 
-def _conflict_message(conn, run_id: int, conflicts: list[int], last_event: Mapping[int, Any]) -> str:
-    after = min(last_event[i].id for i in conflicts)
-    marks = ",".join("?" * len(conflicts))
-    later = conn.execute(
-        f"SELECT memory_id, action, run_id FROM events WHERE memory_id IN ({marks}) AND id > ? ORDER BY id",
-        (*conflicts, after),
-    ).fetchall()
-    causes = sorted({f"run {r['run_id']}" if r["run_id"] is not None else f"a {r['action']!r} event" for r in later
-                     if r["run_id"] != run_id})
+def _conflict_message(store: MemoryStore, run_id: int, conflicts: list[int], last_event: Mapping[int, Any]) -> str:
+    later = store.events_after(conflicts, min(last_event[i].id for i in conflicts))
+    causes = sorted({f"run {e.run_id}" if e.run_id is not None else f"a {e.action!r} event" for e in later
+                     if e.run_id != run_id})
     hint = "; undo the later run(s) first" if any(c.startswith("run ") for c in causes) else ""
     return (
         f"cannot undo consolidation run {run_id}: memories {conflicts[:10]} were changed after it "

@@ -88,11 +88,6 @@ def memory_text(memory: Episode | RelationalTuple) -> str:
     return memory.render()
 
 
-def last_event_id(store: MemoryStore) -> int:
-    """Moves on every memory write of any process (each one logs an event): a cheap change marker."""
-    return store.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-
-
 class LexicalManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -291,7 +286,7 @@ class MemoryLexicalIndexes:
         index = self._indexes.get(key)
         if index is None:
             index = self._indexes[key] = LexicalIndex(self.index_dir(namespace), kind, self.RECIPE)
-        marker = last_event_id(self.store)
+        marker = self.store.last_event_id()
         if self._checked_at.get(key) != marker:
             report = index.sync(self.store.active_ids(namespace, kind), self._texts)
             if report.rebuilt:

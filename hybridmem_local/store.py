@@ -251,6 +251,26 @@ class MemoryStore:
     def integrity_check(self) -> str:
         return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
 
+    def backup_to(self, path: Path) -> None:
+        """A consistent copy of the database at ``path`` (owner-only), even while others write."""
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        target = sqlite3.connect(path)
+        try:
+            self.conn.backup(target)
+        finally:
+            target.close()
+
+    def last_event_id(self) -> int:
+        """Moves on every memory write of any process (each one logs an event): a cheap change marker."""
+        return self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+
+    def fingerprint(self, namespace: str) -> tuple[int, int, int]:
+        """(sessions, memories, highest memory id): changes whenever the namespace gains either."""
+        return tuple(self.conn.execute(
+            "SELECT (SELECT count(*) FROM sessions WHERE namespace = ?), count(*), coalesce(max(id), 0) "
+            "FROM memories WHERE namespace = ?", (namespace, namespace),
+        ).fetchone())
+
     # ------------------------------------------------------------------ namespaces
 
     def ensure_namespace(self, namespace: str) -> None:
@@ -286,8 +306,7 @@ class MemoryStore:
             c.execute("DELETE FROM turns WHERE namespace = ?", (namespace,))
             c.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
         # Freed pages would otherwise still hold the forgotten text on disk.
-        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        self.conn.execute("VACUUM")
+        self.vacuum()
         return counts
 
     # ------------------------------------------------------------------ sessions and turns
@@ -408,6 +427,21 @@ class MemoryStore:
             session=session, curation_status=row["curation_status"], curation_error=row["curation_error"]
         )
 
+    def turns_marker(self, namespace: str) -> tuple[int, int]:
+        """(turns, highest turn row id) of a namespace: changes whenever it gains turns."""
+        return tuple(self.conn.execute(
+            "SELECT count(*), coalesce(max(id), 0) FROM turns WHERE namespace = ?", (namespace,)
+        ).fetchone())
+
+    def turn_rows(self, namespace: str) -> list[sqlite3.Row]:
+        """Every turn of a namespace with its session id and start, sessions in chronological order."""
+        return self.conn.execute(
+            "SELECT t.id, t.position, t.turn_id, t.speaker, t.text, t.image_caption, s.session_id, s.started_at "
+            "FROM turns t JOIN sessions s ON s.id = t.session_pk WHERE t.namespace = ? "
+            "ORDER BY s.started_at, s.id, t.position",
+            (namespace,),
+        ).fetchall()
+
     def turn_dates(self, namespace: str) -> dict[str, datetime]:
         """turn_id → its session's start (for provenance and evidence windows)."""
         return {
@@ -482,8 +516,7 @@ class MemoryStore:
 
     def get_memories(self, ids: Sequence[int]) -> dict[int, Episode | RelationalTuple]:
         out: dict[int, Episode | RelationalTuple] = {}
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start : start + 500])
+        for chunk in _chunks(ids):
             marks = ",".join("?" * len(chunk))
             for row in self.conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN ({marks})", chunk):
                 out[row["id"]] = _row_to_memory(row)
@@ -565,6 +598,105 @@ class MemoryStore:
     def run_events(self, run_id: int) -> list[Event]:
         return [_row_to_event(r) for r in self.conn.execute("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))]
 
+    # ------------------------------------------------------------------ consolidation runs
+
+    def start_consolidation_run(self, namespace: str, backend: str, params: dict[str, Any]) -> int:
+        """A new run row, status 'applied' (it commits with the changes it makes)."""
+        return self.conn.execute(
+            "INSERT INTO consolidation_runs (namespace, started_at, status, backend, params) VALUES (?, ?, 'applied', ?, ?)",
+            (namespace, utcnow().isoformat(), backend, json.dumps(params)),
+        ).lastrowid
+
+    def finish_consolidation_run(self, run_id: int, namespace: str, report_json: str) -> None:
+        """Store the run's report and restart the namespace's sessions-since-consolidation count."""
+        with self.transaction() as c:
+            c.execute(
+                "UPDATE consolidation_runs SET finished_at = ?, report = ? WHERE id = ?",
+                (utcnow().isoformat(), report_json, run_id),
+            )
+            c.execute("UPDATE namespaces SET sessions_since_consolidation = 0 WHERE name = ?", (namespace,))
+
+    def consolidation_run(self, run_id: int) -> sqlite3.Row:
+        row = self.conn.execute("SELECT * FROM consolidation_runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no consolidation run with id {run_id}")
+        return row
+
+    def mark_consolidation_run_undone(self, run_id: int) -> None:
+        self.conn.execute("UPDATE consolidation_runs SET status = 'undone' WHERE id = ?", (run_id,))
+
+    def sessions_since_consolidation(self, namespace: str) -> int:
+        row = self.conn.execute(
+            "SELECT sessions_since_consolidation FROM namespaces WHERE name = ?", (check_namespace(namespace),)
+        ).fetchone()
+        return 0 if row is None else row[0]
+
+    def status_rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """id → {status, superseded_by, status_reason} for the ids that exist."""
+        rows: dict[int, dict[str, Any]] = {}
+        for chunk in _chunks(ids):
+            marks = ",".join("?" * len(chunk))
+            for r in self.conn.execute(
+                f"SELECT id, status, superseded_by, status_reason FROM memories WHERE id IN ({marks})", chunk
+            ):
+                rows[r["id"]] = dict(r)
+        return rows
+
+    def events_after(self, memory_ids: Sequence[int], event_id: int) -> list[Event]:
+        """Events of ``memory_ids`` recorded after event ``event_id``, oldest first."""
+        events: list[Event] = []
+        for chunk in _chunks(memory_ids):
+            marks = ",".join("?" * len(chunk))
+            events += [_row_to_event(r) for r in self.conn.execute(
+                f"SELECT * FROM events WHERE memory_id IN ({marks}) AND id > ? ORDER BY id", (*chunk, event_id)
+            )]
+        return sorted(events, key=lambda e: e.id)
+
+    # ------------------------------------------------------------------ purge
+
+    def retired_before(self, namespace: str, cutoff: datetime) -> set[int]:
+        """Non-active memories whose last change (or creation) is older than ``cutoff``."""
+        return {
+            r[0]
+            for r in self.conn.execute(
+                "SELECT m.id, coalesce(max(e.at), m.created_at) AS changed_at FROM memories m "
+                "LEFT JOIN events e ON e.memory_id = m.id "
+                "WHERE m.namespace = ? AND m.status != 'active' GROUP BY m.id HAVING changed_at < ?",
+                (namespace, cutoff.isoformat()),
+            )
+        }
+
+    def superseded_pointers(self, namespace: str) -> dict[int, int]:
+        """memory id → the id of the memory that superseded it."""
+        return dict(self.conn.execute(
+            "SELECT id, superseded_by FROM memories WHERE namespace = ? AND superseded_by IS NOT NULL", (namespace,)
+        ).fetchall())
+
+    def delete_memories(
+        self, namespace: str, ids: Sequence[int], text_hashes: Sequence[str], record: dict[str, Any], reason: str
+    ) -> tuple[int, int]:
+        """Physically delete memories, their events and the cached embeddings of ``text_hashes``,
+        recording one 'purge' event with ``record``; returns (events, embeddings) deleted."""
+        events = embeddings = 0
+        with self.transaction() as c:
+            for chunk in _chunks(ids):
+                marks = ",".join("?" * len(chunk))
+                events += c.execute(f"DELETE FROM events WHERE memory_id IN ({marks})", chunk).rowcount
+                c.execute(f"DELETE FROM memories WHERE id IN ({marks})", chunk)
+            for chunk in _chunks(sorted(text_hashes)):
+                marks = ",".join("?" * len(chunk))
+                embeddings += c.execute(
+                    f"DELETE FROM embeddings WHERE namespace = ? AND text_hash IN ({marks})", (namespace, *chunk)
+                ).rowcount
+            if ids:
+                self._event(namespace, "purge", None, None, None, record, reason)
+        return events, embeddings
+
+    def vacuum(self) -> None:
+        """Checkpoint the WAL and rewrite the file, so freed pages keep no deleted text."""
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.conn.execute("VACUUM")
+
     # ------------------------------------------------------------------ embedding cache
 
     def get_embeddings(self, namespace: str, model_id: str, texts: Sequence[str]) -> dict[str, np.ndarray]:
@@ -589,6 +721,12 @@ class MemoryStore:
                 "INSERT OR REPLACE INTO embeddings (namespace, model_id, text_hash, dim, vector) VALUES (?, ?, ?, ?, ?)",
                 [(namespace, model_id, text_hash(t), vectors.shape[1], v.tobytes()) for t, v in zip(texts, vectors)],
             )
+
+
+def _chunks(ids: Sequence[Any], size: int = 500) -> Iterator[list[Any]]:
+    """SQLite limits the host parameters of one statement; ``IN (...)`` lists go in slices."""
+    for start in range(0, len(ids), size):
+        yield list(ids[start : start + size])
 
 
 def _split_sql(script: str) -> list[str]:

@@ -49,22 +49,10 @@ def window_recipe(size: int, stride: int) -> str:
     return f"window-v1 size={size} stride={stride}"
 
 
-def turns_marker(store: MemoryStore, namespace: str) -> tuple[int, int]:
-    count, last = store.conn.execute(
-        "SELECT count(*), coalesce(max(id), 0) FROM turns WHERE namespace = ?", (namespace,)
-    ).fetchone()
-    return count, last
-
-
 def load_windows(store: MemoryStore, namespace: str, size: int, stride: int) -> dict[int, EvidenceWindow]:
     """Every window of a namespace by id, sessions in chronological order."""
-    # A read of the store's own tables: windows are derived data, the turns stay the truth.
-    rows = store.conn.execute(
-        "SELECT t.id, t.position, t.turn_id, t.speaker, t.text, t.image_caption, s.session_id, s.started_at "
-        "FROM turns t JOIN sessions s ON s.id = t.session_pk WHERE t.namespace = ? "
-        "ORDER BY s.started_at, s.id, t.position",
-        (namespace,),
-    ).fetchall()
+    # Windows are derived data: the turns stay the truth.
+    rows = store.turn_rows(namespace)
     windows: dict[int, EvidenceWindow] = {}
     session_rows: list = []
     for row in rows + [None]:
@@ -125,7 +113,7 @@ class WindowSource:
         self._dense_synced = False
 
     def _refresh(self) -> None:
-        marker = turns_marker(self.store, self.namespace)
+        marker = self.store.turns_marker(self.namespace)
         if marker != self._marker:
             self.windows = load_windows(self.store, self.namespace, self.size, self.stride)
             self._marker = marker

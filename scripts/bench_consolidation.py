@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import sys
 import tempfile
 import time
@@ -42,16 +41,9 @@ from hybridmem_local.consolidation import KINDS, consolidate
 from hybridmem_local.llm import build_llm
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import EpisodeDraft
+from hybridmem_local.store import MemoryStore
 
 console = Console()
-
-
-def copy_store(source: Path, target: Path) -> None:
-    """A consistent copy through SQLite's backup API (safe while another process writes)."""
-    src, dst = sqlite3.connect(source), sqlite3.connect(target)
-    src.backup(dst)
-    src.close()
-    dst.close()
 
 
 def build_from_locomo_observations(locomo: Path, conversation_id: str, store: Path, config_path: Path | None) -> int:
@@ -117,7 +109,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench_consolidation_") as workdir:
         for mcs in args.mcs:
             copy = Path(workdir) / f"mcs{mcs}.db"
-            copy_store(args.store, copy)
+            source = MemoryStore(args.store)
+            source.backup_to(copy)  # consistent even while another process writes
+            source.close()
             config = load_config(args.config, {"consolidation.hdbscan.min_cluster_size": mcs})
             llm = None
             if not args.clusters_only:

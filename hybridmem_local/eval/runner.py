@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import sqlite3
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -692,7 +691,7 @@ class _Run:
         config = self.config.model_copy(deep=True)
         config.consolidation.hdbscan.min_cluster_size = run.mcs
         usage = PhaseUsage()
-        base = store_fingerprint(memory, namespace)
+        base = list(memory.store.fingerprint(namespace))
         made_from = json.loads(marker.read_text(encoding="utf-8"))["base"] if marker.exists() else None
         if made_from != base:
             if self.options.retrieval_only:
@@ -898,14 +897,6 @@ def prompt_names() -> list[str]:
     return sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml"))
 
 
-def store_fingerprint(memory: HybridMemory, namespace: str) -> list:
-    """Changes whenever the curated store gains sessions or memories (a consolidated copy is then stale)."""
-    return list(memory.store.conn.execute(
-        "SELECT (SELECT count(*) FROM sessions WHERE namespace = ?), count(*), coalesce(max(id), 0) "
-        "FROM memories WHERE namespace = ?", (namespace, namespace),
-    ).fetchone())
-
-
 def copy_store(memory: HybridMemory, path: Path) -> None:
     """A consistent copy of ``memory``'s SQLite file at ``path`` (owner-only), replacing any
     earlier copy and its indexes (which rebuild from the copy, vectors from its embedding cache)."""
@@ -914,9 +905,4 @@ def copy_store(memory: HybridMemory, path: Path) -> None:
     for stale in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm"), Path(str(path) + ".llm_cache.sqlite")):
         stale.unlink(missing_ok=True)
     shutil.rmtree(Path(str(path) + ".indexes"), ignore_errors=True)
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    target = sqlite3.connect(path)
-    try:
-        memory.store.conn.backup(target)
-    finally:
-        target.close()
+    memory.store.backup_to(path)
