@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.config import IndexConfig
-from hybridmem_local.files import ensure_private_dir
+from hybridmem_local.files import ensure_private_dir, remove_orphans
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +156,15 @@ class VectorIndex:
         replaced = self._committed_generation()
         os.replace(tmp_manifest, self._manifest_path)
         # Remove only the generation this save replaced: another process may be mid-save with
-        # files that no manifest names yet. Orphans of a crashed save go with delete_files().
+        # files that no manifest names yet.
         if replaced is not None and replaced != generation:
             self._graph_path(replaced).unlink(missing_ok=True)
             self._labels_path(replaced).unlink(missing_ok=True)
+        committed = self._committed_generation()
+        named = {self._graph_path(committed), self._labels_path(committed)} if committed else set()
+        remove_orphans(
+            p for p in [*self._generation_files(), *self.directory.glob(f"{self.kind}.manifest.*.tmp")] if p not in named
+        )
 
     def _committed_generation(self) -> str | None:
         try:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from hybridmem_local.files import ensure_private_dir
+from hybridmem_local.files import ensure_private_dir, remove_orphans
 from hybridmem_local.index import SyncReport
 from hybridmem_local.schema import Episode, RelationalTuple
 from hybridmem_local.store import MemoryStore
@@ -226,12 +226,17 @@ class LexicalIndex:
         os.chmod(tmp_manifest, 0o600)
         replaced = self._committed_build()
         os.replace(tmp_manifest, self._manifest_path)
-        # Remove only the build this save replaced: another process may be mid-save with files
-        # of its own that no manifest names yet. Orphans of a crashed save go with delete_files().
+        # Remove at once only the build this save replaced: another process may be mid-save with
+        # files of its own that no manifest names yet; other unnamed files go once they are old.
         if replaced is not None and replaced != build:
             for path in self.files():
                 if path.name.startswith(f"{self.kind}.bm25.{replaced}."):
                     path.unlink(missing_ok=True)
+        committed = self._committed_build()
+        remove_orphans(
+            p for p in self.files()
+            if p != self._manifest_path and not (committed and p.name.startswith(f"{self.kind}.bm25.{committed}."))
+        )
         self._dirty = False
 
     def _committed_build(self) -> str | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 import stat
+import time
 
 import numpy as np
 import pytest
@@ -121,9 +123,8 @@ def test_damaged_or_stale_index_is_rebuilt(tmp_path, damage):
     assert report.rebuilt
     assert repaired.search("Caroline greyhound running", 5) == expected
     repaired.save()
-    # The manifest names the new build; a build it replaced is removed, one no manifest named
-    # any more (manifest gone) stays as an orphan until delete_files() (it could be a
-    # concurrent save's).
+    # The manifest names the new build; a build it replaced is removed, a fresh one no manifest
+    # names any more (manifest gone) stays until it is old (it could be a concurrent save's).
     committed = LexicalManifest.model_validate_json((directory / "tuple.bm25.json").read_text()).build
     assert committed in builds(repaired) and committed != build_id
     assert builds(repaired) <= {committed, build_id}
@@ -135,13 +136,18 @@ def test_a_crashed_save_leaves_the_previous_index_usable(tmp_path):
     expected = index.search("Caroline", 5)
     orphan = tmp_path / "ns" / "tuple.bm25.deadbeef0000.labels.npy"  # a build whose manifest was never written
     orphan.write_bytes(b"partial")
+    old_orphan = tmp_path / "ns" / "tuple.bm25.json.0badc0ffee00.tmp"  # a manifest a crashed save never switched to
+    old_orphan.write_bytes(b"{")
+    an_hour_ago = time.time() - 3600
+    os.utime(old_orphan, (an_hour_ago, an_hour_ago))
     reloaded = LexicalIndex(tmp_path / "ns", "tuple", "test")
     assert not reloaded.sync(np.array(sorted(DOCS)), lambda ids: pytest.fail("no rebuild")).rebuilt
     assert reloaded.search("Caroline", 5) == expected
     reloaded.build(np.array(sorted(DOCS)), [DOCS[i] for i in sorted(DOCS)])
     reloaded.save()
-    # A save never removes files no manifest names (a concurrent save's); delete_files() does.
+    # A save removes unnamed files only once they are old: a fresh one may be a concurrent save's.
     assert reloaded.search("Caroline", 5) == expected
+    assert orphan.exists() and not old_orphan.exists()
     reloaded.delete_files()
     assert not orphan.exists()
 

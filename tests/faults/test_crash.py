@@ -224,8 +224,8 @@ def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, minilm, 
     with HybridMemory.open(db, embedder=minilm) as memory:
         _change(memory, items[3], "delete")
     left = {kind.generation_of(name) for name in kind.generation(kind.files(folder))}
-    # A save removes the generation it replaced; an orphan of the killed save may stay (a save
-    # must not delete files no manifest names: they may be a concurrent save's) until forget/rebuild.
+    # A save removes the generation it replaced; a fresh orphan of the killed save stays (it may
+    # be a concurrent save's) until a save finds it older than files.ORPHAN_GRACE_S.
     assert 1 <= len(left) <= 2, f"the next save left generations {left}"
 
 
