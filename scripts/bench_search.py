@@ -4,10 +4,10 @@ Two measurements per N, each against a reference timed in the same run (absolute
 on shared cores, ratios much less):
 
 * **ANN vs exact** — the library's ``VectorIndex`` (hnswlib, config defaults M 16,
-  ef_construction 200, ef_search 50) against exact search (numpy: one matrix-vector product
+  ef_construction 200, ef_search 200) against exact search (numpy: one matrix-vector product
   and an argpartition) over the same normalised vectors: query p50/p95 at k = 10 (and at the
   hybrid candidate depth, 100), recall@10 of ANN against exact, speed-up exact / ANN, and
-  recall and latency at ef_search 100 and 200.
+  recall and latency at ef_search 100 and 200 for comparison.
   Target: recall@10 ≥ 0.99 and ≥ 20× faster than exact at 100k.
 * **End to end** — ``HybridMemory.search()`` (query embedding, hnswlib, BM25 and fusion in the
   default hybrid mode, SQLite fetch of the hits) against embedding the query alone, queries
