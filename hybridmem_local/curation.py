@@ -68,6 +68,13 @@ _ISO_DATE = {"pattern": r"^\d{4}(-\d{2}(-\d{2})?)?$"}
 #: A memory cites a few turns; 40 characters fit LoCoMo ("D12:7") and LongMemEval
 #: ("answer_4be1b6b4_2:13") ids, and a longer one is dropped like any unknown id.
 _TURN_IDS = {"maxItems": 6, "items": {"type": "string", "maxLength": 40}}
+#: Turn-id references ("D3:1", "answer_4be1b6b4_2:13", runs such as "D3:1:1:1"; not a time such
+#: as "13:56"), which small models copy into text fields in place of content.
+_TURN_REFERENCE = re.compile(r"\b[^\W\d]\w*(?::\d+)+\b")
+_WORD = re.compile(r"[^\W_]+")
+#: A text of this many words or more that is mostly one phrase over and over is a decoding
+#: loop, not a memory (real details of ~100 words keep well over half their words distinct).
+_LOOP_MIN_WORDS, _LOOP_MAX_DISTINCT_SHARE = 12, 0.25
 _ISO_DATE_IN_TEXT = re.compile(r"(?<!\d)(\d{4})-(\d{2})(?:-(\d{2}))?(?!\d)")
 _YEAR = re.compile(r"^\s*(\d{4})\s*$")
 
@@ -144,6 +151,8 @@ class CurationOutcome(BaseModel):
     dropped_turn_ids: list[str] = Field(default_factory=list)
     #: Timestamps that were not a real date and were replaced by the session date.
     timestamps_defaulted: int = 0
+    #: Memories left out for having no content (only turn ids, a decoding loop), with why.
+    dropped_memories: list[str] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -175,6 +184,35 @@ def normalise_timestamp(value: str, session_date: date) -> str | None:
     return parsed.date().isoformat()
 
 
+def content_problem(text: str) -> str | None:
+    """Why ``text`` carries no memory content (only turn-id references, or a decoding loop), or None."""
+    words = [w.lower() for w in _WORD.findall(_TURN_REFERENCE.sub(" ", text))]
+    if not words:
+        return "only turn ids" if _TURN_REFERENCE.search(text) else "empty"
+    if len(words) >= _LOOP_MIN_WORDS and len(set(words)) / len(words) < _LOOP_MAX_DISTINCT_SHARE:
+        return "a phrase repeated in a loop"
+    return None
+
+
+def episode_problem(episode: EpisodeReply) -> str | None:
+    """Why an episode is no memory: no content in title, summary and details together, or a loop in one."""
+    whole = content_problem(" ".join((episode.title, episode.summary, episode.details)))
+    if whole is not None:
+        return whole
+    return next((p for p in map(content_problem, (episode.summary, episode.details)) if p == "a phrase repeated in a loop"), None)
+
+
+def tuple_problem(fact: TupleReply) -> str | None:
+    """Why a tuple is no memory: an empty or looping entity / relation / object, or all three the same."""
+    for name in ("entity", "relation", "object"):
+        problem = content_problem(getattr(fact, name))
+        if problem is not None:
+            return f"{name}: {problem}"
+    if fact.entity.strip().lower() == fact.relation.strip().lower() == fact.object.strip().lower():
+        return "entity, relation and object are the same text"
+    return None
+
+
 @dataclass
 class _Checked:
     """A window's reply after checking, with what checking changed."""
@@ -183,13 +221,19 @@ class _Checked:
     tuples: list[TupleDraft]
     dropped_turn_ids: list[str]
     timestamps_defaulted: int
+    #: Why each memory without content was left out (see :func:`content_problem`).
+    dropped_memories: list[str]
 
 
 def check_curation_reply(reply: CurationReply, turn_ids: Sequence[str], session_date: date) -> _Checked:
-    """Keep only cited ids among ``turn_ids``; give every memory a valid timestamp."""
+    """Keep only cited ids among ``turn_ids``; give every memory a valid timestamp; leave out
+    memories without content (the rest of the reply stays: one bad item is no reason to pay
+    for the window again)."""
     known = set(turn_ids)
     dropped: list[str] = []
     defaulted = 0
+    problems = {id(e): f"episode {e.title[:40]!r}: {p}" for e in reply.episodes if (p := episode_problem(e))}
+    problems |= {id(t): f"tuple {t.entity[:40]!r}: {p}" for t in reply.tuples if (p := tuple_problem(t))}
 
     def cited(ids: list[str]) -> list[str]:
         kept: list[str] = []
@@ -216,6 +260,7 @@ def check_curation_reply(reply: CurationReply, turn_ids: Sequence[str], session_
             timestamp=timestamp(e.timestamp), source_turn_ids=cited(e.source_turn_ids),
         )
         for e in reply.episodes
+        if id(e) not in problems
     ]
     tuples = [
         TupleDraft(
@@ -223,8 +268,9 @@ def check_curation_reply(reply: CurationReply, turn_ids: Sequence[str], session_
             context=t.context, source_turn_ids=cited(t.source_turn_ids),
         )
         for t in reply.tuples
+        if id(t) not in problems
     ]
-    return _Checked(episodes, tuples, dropped, defaulted)
+    return _Checked(episodes, tuples, dropped, defaulted, list(problems.values()))
 
 
 # --------------------------------------------------------------------------- windows
@@ -426,6 +472,9 @@ class Curator:
             log.warning(
                 "session %s: dropped cited turn ids that the model was not shown: %s", session.session_id, dropped[:10]
             )
+        empty = [problem for p in parts for problem in p.dropped_memories]
+        if empty:
+            log.warning("session %s: left out %d memories without content: %s", session.session_id, len(empty), empty[:5])
         result = None
         if not tally.errors:
             result = CurationResult(
@@ -444,4 +493,5 @@ class Curator:
             windows=tally.windows,
             dropped_turn_ids=dropped,
             timestamps_defaulted=sum(p.timestamps_defaulted for p in parts),
+            dropped_memories=empty,
         )

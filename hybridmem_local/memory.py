@@ -81,6 +81,8 @@ class IngestReport(BaseModel):
     curated: int = 0
     failed: int = 0
     memories: int = 0
+    #: Memories the LLM wrote without content (only turn ids, a decoding loop), left out.
+    memories_left_out: int = 0
     llm_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -305,6 +307,7 @@ class HybridMemory:
                     report.prompt_tokens += outcome.prompt_tokens
                     report.completion_tokens += outcome.completion_tokens
                     report.llm_seconds += outcome.seconds
+                    report.memories_left_out += len(outcome.dropped_memories)
                     try:
                         self._store_outcome(session, outcome, already_stored, report)
                     except DuplicateSessionError:  # another process stored it meanwhile

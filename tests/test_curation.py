@@ -40,7 +40,7 @@ def reply_citing(ids_for: Callable[[list[str]], list[str]], timestamp: str = "20
         cited = ids_for(shown)
         return json.dumps({
             "episodes": [{"title": f"Talk {shown[0]}", "summary": "s", "details": "d", "timestamp": timestamp, "source_turn_ids": cited}],
-            "tuples": [{"entity": "Alice", "relation": "said", "object": shown[0], "timestamp": timestamp, "context": "c", "source_turn_ids": cited}],
+            "tuples": [{"entity": "Alice", "relation": "said", "object": f"words of {shown[0]}", "timestamp": timestamp, "context": "c", "source_turn_ids": cited}],
         })
 
     return reply
@@ -221,6 +221,45 @@ def test_ids_of_turns_in_another_window_are_dropped():
     assert outcome.dropped_turn_ids == ["s1:0"]  # cited by every window but the first
     assert outcome.result.episodes[0].source_turn_ids == ["s1:0"]
     assert outcome.result.episodes[1].source_turn_ids == [windows[1].turn_ids[0]]
+
+
+def test_memories_without_content_are_left_out_and_the_rest_of_the_reply_is_kept():
+    # What SmolLM2-135M wrote for LoCoMo conv-26 sessions: turn ids in place of content, loops.
+    loop = "You're doing a great job of taking care of yourself and your family. " * 4
+
+    def reply(request: LLMRequest) -> str:
+        first = shown_turn_ids(request)[0]
+        episode = {"timestamp": "2023-05-07", "source_turn_ids": [first]}
+        fact = {"timestamp": "2023-05-07", "context": "", "source_turn_ids": [first]}
+        return json.dumps({
+            "episodes": [
+                {**episode, "title": first, "summary": first, "details": first},
+                {**episode, "title": "Support", "summary": "Kind words", "details": loop},
+                {**episode, "title": "Adoption", "summary": "Caroline plans to adopt",
+                 "details": "Caroline told Melanie at 13:56 that she researches adoption agencies."},
+            ],
+            "tuples": [
+                {**fact, "entity": first, "relation": first, "object": first},
+                {**fact, "entity": "D3:1:1:1:1:1:1", "relation": "is", "object": "x"},
+                {**fact, "entity": "love", "relation": "Love", "object": "LOVE "},
+                {**fact, "entity": "Caroline", "relation": "is aged", "object": "30"},
+                {**fact, "entity": "Caroline", "relation": "went to", "object": "a support group on 2023-05-07"},
+            ],
+        })
+
+    outcome = curator_for(ScriptedLLM(reply)).curate([make_session("s1", ["one", "two"])])[0]
+    assert outcome.ok
+    assert [e.title for e in outcome.result.episodes] == ["Adoption"]
+    assert [(t.entity, t.object) for t in outcome.result.tuples] == [
+        ("Caroline", "30"), ("Caroline", "a support group on 2023-05-07")
+    ]
+    assert outcome.dropped_memories == [
+        "episode 's1:0': only turn ids",
+        "episode 'Support': a phrase repeated in a loop",
+        "tuple 's1:0': entity: only turn ids",
+        "tuple 'D3:1:1:1:1:1:1': entity: only turn ids",
+        "tuple 'love': entity, relation and object are the same text",
+    ]
 
 
 @pytest.mark.parametrize(

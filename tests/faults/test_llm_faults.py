@@ -166,3 +166,23 @@ def test_the_cli_reports_an_unreachable_llm_server_in_one_line(tmp_path, server,
     result = CliRunner().invoke(app, ["ingest", str(sessions), "--db", str(tmp_path / "m.db"), "--config", str(config)])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), repr(result.exception)
     assert "cannot reach" in result.output
+
+
+def test_memories_written_without_content_are_left_out_and_counted(tmp_path, minilm, server, session):
+    """A small model copying turn ids into a tuple's fields: that tuple is left out, the rest is stored."""
+    import json
+
+    def with_an_empty_tuple(body: dict, attempt: int) -> str:
+        reply = json.loads(curation_reply(body))
+        first = turn_lines(body)[0][0]
+        reply["tuples"].append({"entity": first, "relation": first, "object": first, "timestamp": "2023-05-08",
+                                "context": "", "source_turn_ids": [first]})
+        return json.dumps(reply)
+
+    server.respond = with_an_empty_tuple
+    with _open(tmp_path / "m.db", server, minilm) as memory:
+        report = memory.ingest([session])
+        assert (report.curated, report.memories, report.memories_left_out) == (1, 1 + len(session.turns), 1)
+        stored = memory.list("alice")
+        assert len(stored) == 1 + len(session.turns)
+        assert not any(m.kind == "tuple" and m.entity == session.turns[0].turn_id for m in stored)
