@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 row["mcs"] = mcs
                 row["wall_s"] = time.perf_counter() - started
             rows.append(row)
-            console.print(f"mcs {mcs}: done in {row['wall_s']:.1f}s")
+            console.print(table([row], args.clusters_only))  # each mcs as it finishes: runs are long on CPU
     return rows
 
 
