@@ -7,13 +7,16 @@
    as an episode and its ``observation`` facts as tuples (speaker, "observed", fact, citing the
    fact's evidence turns). The reference, timed in the same run and paired session by session
    (alternating which goes first), is MiniLM embedding exactly the same texts in the same
-   batch: the ratio says what storing and indexing add.
+   batch: the ratio says what storing and indexing add. On the store it built, every question
+   of the conversations is searched (warm indexes, the default hybrid retrieval, query
+   embedding included: p50/p95), and each namespace's indexes are rebuilt from SQLite
+   (``rebuild_indexes`` from cached vectors, plus the BM25 rebuild of the first search).
 2. **LLM calls per session.** Session-level curation sends one request per *window* of a
    session (``Curator.windows``: whole turns that fit the context with the prompt and the
    reply), counted here without running the LLM, against the turns per session — the calls a
    turn-by-turn system makes (mem0 and A-Mem make at least one LLM call per turn). Counted with
-   the SmolLM2 tokenizer at the embedded default (2048-token context, 1024 reserved for the
-   reply) and, as a proxy for Qwen3's tokenizer, at the vLLM configs' 30720-token context.
+   the SmolLM2 tokenizer at the embedded default (``LLMConfig``'s context and reply
+   reservation) and, as a proxy for Qwen3's tokenizer, at the vLLM configs' 30720-token context.
 
     python scripts/bench_ingest.py --out runs/bench_ingest.json
     python scripts/bench_ingest.py --conversations 2            # a quick look
@@ -77,9 +80,11 @@ class TimedEmbedder:
             self.batches += 1 if texts else 0
 
 
-def bench_throughput(embedder, work: list[tuple[Session, list, list]]) -> dict:
+def bench_throughput(embedder, work: list[tuple[Session, list, list]], questions: dict[str, list[str]]) -> dict:
     """Ingest every session; right before or after each one (alternating, so drift hits both
-    alike), embed the same texts in the same batch alone: the paired reference."""
+    alike), embed the same texts in the same batch alone: the paired reference. Then, on the
+    ingested store, search every question of its conversation (default config: hybrid) and
+    rebuild every namespace's indexes from SQLite."""
     from hybridmem_local.memory import HybridMemory, _as_stored
 
     timed_embedder = TimedEmbedder(embedder)
@@ -102,7 +107,15 @@ def bench_throughput(embedder, work: list[tuple[Session, list, list]]) -> dict:
             start = time.perf_counter()
             memory.flush()
             save_s = time.perf_counter() - start
+            embed_s = timed_embedder.seconds  # searches below embed too
             counts = memory.store.counts()
+            search_ms = _search_latencies(memory, questions)
+            rebuild_s = {}
+            for namespace in questions:
+                start = time.perf_counter()
+                memory.rebuild_indexes(namespace)
+                memory.search(questions[namespace][0], namespace=namespace)  # BM25 rebuilds on first use
+                rebuild_s[namespace] = time.perf_counter() - start
     memories = sum(len(e) + len(t) for _, e, t in work)
     total, reference = sum(ingest_s), sum(reference_s)
     return {
@@ -110,17 +123,34 @@ def bench_throughput(embedder, work: list[tuple[Session, list, list]]) -> dict:
         "turns": counts["turns"],
         "memories": memories,
         "ingest_s": total,
-        "embed_within_ingest_s": timed_embedder.seconds,
-        "store_and_index_s": total - timed_embedder.seconds,
+        "embed_within_ingest_s": embed_s,
+        "store_and_index_s": total - embed_s,
         "index_save_s": save_s,
         "memories_per_s": memories / total,
         "sessions_per_s": len(work) / total,
         "session_p50_ms": statistics.median(ingest_s) * 1000,
-        "store_and_index_ms_per_session": 1000 * (total - timed_embedder.seconds) / len(work),
+        "store_and_index_ms_per_session": 1000 * (total - embed_s) / len(work),
         "embed_only_s": reference,
         "embed_only_memories_per_s": memories / reference,
         "ingest_over_embed_only": total / reference,
+        "search_queries": len(search_ms),
+        "search_p50_ms": statistics.median(search_ms),
+        "search_p95_ms": statistics.quantiles(search_ms, n=20)[-1],
+        "rebuild_s_total": sum(rebuild_s.values()),
+        "rebuild_s_per_namespace": rebuild_s,
     }
+
+
+def _search_latencies(memory, questions: dict[str, list[str]]) -> list[float]:
+    """Milliseconds of ``search`` (query embedding included) for every question, indexes warm."""
+    latencies = []
+    for namespace, texts in questions.items():
+        memory.search(texts[0], namespace=namespace)
+        for text in texts:
+            start = time.perf_counter()
+            memory.search(text, namespace=namespace)
+            latencies.append((time.perf_counter() - start) * 1000)
+    return latencies
 
 
 # --------------------------------------------------------------------------- LLM calls per session
@@ -177,14 +207,15 @@ def main() -> None:
     default = LLMConfig()
     llm = token_counter_llm(default)
     calls = {
-        "embedded default (SmolLM2, 2048 ctx)": bench_windows(sessions, llm, default),
+        f"embedded default (SmolLM2, {default.context_tokens} ctx)": bench_windows(sessions, llm, default),
         "vLLM config context (30720 ctx; SmolLM2 tokenizer as proxy)": bench_windows(
             sessions, llm, load_config(Path(__file__).resolve().parents[1] / "configs" / "vllm-offline.yaml").llm),
     }
 
     embedder = load_embedder()
     embedder.embed(["warm up"])
-    throughput = bench_throughput(embedder, work)
+    questions = {c.namespace: [q.question for q in c.questions] for c in conversations}
+    throughput = bench_throughput(embedder, work, questions)
     info["load_average_at_end"] = os.getloadavg()
     results = {"machine": info, "threads": args.threads, "conversations": [c.sample_id for c in conversations],
                "throughput": throughput, "llm_calls": calls}
@@ -200,6 +231,13 @@ def main() -> None:
               f"{r['store_and_index_ms_per_session']:.1f}", f"{r['index_save_s']:.2f}",
               f"{r['embed_only_memories_per_s']:.1f}", f"{r['ingest_over_embed_only']:.2f}×")
     console.print(t)
+    q = Table(title=f"On the ingested store: search ({r['search_queries']} LoCoMo questions, hybrid, warm indexes) "
+                    "and index rebuild from SQLite")
+    for column in ("search p50 ms", "search p95 ms", "rebuild s (all namespaces, hnswlib + BM25)", "rebuild s per namespace"):
+        q.add_column(column, justify="right")
+    q.add_row(f"{r['search_p50_ms']:.1f}", f"{r['search_p95_ms']:.1f}", f"{r['rebuild_s_total']:.2f}",
+              f"{statistics.fmean(r['rebuild_s_per_namespace'].values()):.2f}")
+    console.print(q)
     c = Table(title="LLM calls to curate the LoCoMo dev sessions: session-level windows vs one per turn")
     for column in ("setting", "turn budget", "sessions", "calls (windows)", "calls turn-by-turn ≥", "windows/session",
                    "turns/session", "ratio"):
