@@ -303,7 +303,7 @@ def doctor(
     with reported(*USER_ERRORS):
         cfg = load_config(config)
     enforce_offline(cfg.offline.allow_network)
-    print_doctor(doctor_report(cfg, verify=verify), console)
+    print_doctor(doctor_report(cfg, verify=verify, source=str(config) if config else None), console)
 
 
 def _mount_subcommands() -> None:

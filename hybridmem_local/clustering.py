@@ -252,7 +252,8 @@ def _cuda_device_visible() -> tuple[bool, str]:
     return True, f"{count} CUDA device(s) visible"
 
 
-def _cuml_usable() -> tuple[bool, str]:
+def cuml_usable() -> tuple[bool, str]:
+    """Whether the GPU clusterer can run here (cuML imports, a CUDA device is visible), and why."""
     try:
         import cuml  # noqa: F401
     except Exception as exc:  # ImportError, or a CUDA library failing to load
@@ -275,7 +276,7 @@ class AutoClusterer:
 
     def _choose(self) -> CumlClusterer | None:
         if not self._chosen:
-            usable, why = _cuml_usable()
+            usable, why = cuml_usable()
             if usable:
                 logger.info("consolidation clustering backend: cuml (%s)", why)
                 self._gpu = CumlClusterer(self.config)

@@ -132,8 +132,9 @@ def _llm_check(role: str, llm: LLMConfig, hash_files: bool) -> dict[str, Any]:
     return _model_check(role, llm.model, llm.path, hash_files)
 
 
-def doctor_report(config: Config, *, verify: bool = False) -> dict[str, Any]:
-    """What this machine can run with ``config``: models, backends, offline mode, versions.
+def doctor_report(config: Config, *, verify: bool = False, source: str | None = None) -> dict[str, Any]:
+    """What this machine can run with ``config``: models, backends, the config in force (read
+    from ``source``, a YAML path, or the built-in defaults), offline mode, versions.
 
     ``verify=True`` hashes every model file (seconds for the small models, minutes for
     multi-GB ones); otherwise presence and sizes are checked. The result is JSON-serialisable;
@@ -175,6 +176,7 @@ def doctor_report(config: Config, *, verify: bool = False) -> dict[str, Any]:
         package_version = None
     return {
         "models": models,
+        "config": {"source": source or "built-in defaults", "settings": _config_settings(config)},
         "models_dir": str(model_registry.default_models_dir()),
         "backends": backends,
         "offline": offline,
@@ -186,6 +188,37 @@ def doctor_report(config: Config, *, verify: bool = False) -> dict[str, Any]:
         },
         "problems": problems,
     }
+
+
+def _config_settings(config: Config) -> dict[str, str]:
+    """The choices of ``config`` that decide what runs where, one line per stage."""
+    from hybridmem_local.clustering import cuml_usable
+
+    llm, retrieval, consolidation = config.llm, config.retrieval, config.consolidation
+    clusterer = consolidation.backend
+    if clusterer == "auto":
+        usable, why = cuml_usable()
+        clusterer = f"auto → {'gpu (cuML)' if usable else 'cpu'}: {why}"
+    hdbscan, umap = consolidation.hdbscan, consolidation.umap
+    settings = {
+        "llm": f"{llm.backend}: {llm.path or llm.model}, context {llm.context_tokens} tokens, "
+               f"thinking {'on' if llm.enable_thinking else 'off'}",
+        "judge": "the llm above" if config.judge is None else f"{config.judge.backend}: {config.judge.path or config.judge.model}",
+        "embedder": f"{config.embedder.path or config.embedder.model} on {config.embedder.device}",
+        "retrieval": f"{retrieval.mode}, k {retrieval.k} episodes + {retrieval.tuple_multiplier * retrieval.k} tuples, "
+                     f"sources {', '.join(retrieval.sources)}"
+                     + (f", budget {retrieval.context_budget} tokens" if retrieval.context_budget else ""),
+        "curation": f"{config.curation.mode}, {config.curation.batch_sessions} sessions per batch",
+        "consolidation": (f"every {consolidation.every_n_sessions} sessions" if consolidation.every_n_sessions
+                          else "on demand only") + f"; UMAP {umap.metric} "
+                         f"n_neighbors {umap.n_neighbors} n_components {umap.n_components}; HDBSCAN "
+                         f"{hdbscan.cluster_selection_method} min_cluster_size {hdbscan.min_cluster_size}",
+        "clusterer": clusterer,
+    }
+    if llm.backend in ("vllm-offline", "openai-server"):
+        settings["llm"] += (f", base url {llm.base_url}" if llm.backend == "openai-server" else
+                            f", tensor × pipeline parallel {llm.tensor_parallel_size} × {llm.pipeline_parallel_size}")
+    return settings
 
 
 def render_doctor(report: dict[str, Any]) -> RenderableType:
@@ -212,6 +245,12 @@ def render_doctor(report: dict[str, Any]) -> RenderableType:
         importable = Text("yes", style="green") if check["importable"] else Text("no", style="dim")
         backends.add_row(name, importable, detail)
 
+    settings = Table(title=f"Config in force ({report['config']['source']})", title_justify="left")
+    for column in ("stage", "setting"):
+        settings.add_column(column, overflow="fold")
+    for stage, value in report["config"]["settings"].items():
+        settings.add_row(stage, value)
+
     offline = report["offline"]
     lines = [
         Text(f"models dir: {report['models_dir']}"),
@@ -224,7 +263,7 @@ def render_doctor(report: dict[str, Any]) -> RenderableType:
     problems = [Text(f"problem: {p}", style="red") for p in report["problems"]]
     if not problems:
         problems = [Text("no problems found", style="green")]
-    return Group(models, backends, *lines, *problems)
+    return Group(models, backends, settings, *lines, *problems)
 
 
 def print_doctor(report: dict[str, Any], console: Console | None = None) -> None:

@@ -507,11 +507,17 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
     assert rows["llm"]["path"].endswith(".gguf")
     assert set(report["backends"]) == {"torch", "sentence_transformers", "llama_cpp", "vllm", "cuml"}
     assert not any("embedder" in p for p in report["problems"])
+    assert report["config"]["source"] == "built-in defaults"
+    settings = report["config"]["settings"]
+    assert settings["llm"].startswith("llamacpp: smollm2-135m-instruct")
+    assert settings["retrieval"].startswith("hybrid, k 10 episodes + 20 tuples")
+    if not report["backends"]["cuml"]["importable"]:
+        assert settings["clusterer"].startswith("auto → cpu: cuml does not import")
 
     gpu = load_config(
         overrides={"llm.backend": "vllm-offline", "llm.model": "qwen3-8b", "consolidation.backend": "gpu"}
     )
-    gpu_report = doctor_report(gpu)
+    gpu_report = doctor_report(gpu, source="gpu.yaml")
     problems = "\n".join(gpu_report["problems"])
     assert "hybridmem models download qwen3-8b" in problems
     if not gpu_report["backends"]["vllm"]["importable"]:
@@ -523,3 +529,4 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
     console.print(render_doctor(gpu_report))
     text = console.export_text()
     assert "qwen3-8b" in text and "missing" in text and MINILM in text
+    assert "Config in force (gpu.yaml)" in text and "vllm-offline: qwen3-8b" in text and "clusterer" in text
