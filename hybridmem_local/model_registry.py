@@ -282,7 +282,7 @@ def default_models_dir() -> Path:
 def _manifest_candidates() -> list[Path]:
     package_dir = Path(__file__).resolve().parent
     return [
-        # shipped inside a built wheel (the build copies models/manifest.yaml here)
+        # shipped inside a built wheel: a copy of models/manifest.yaml, kept equal by a test
         package_dir / "models_manifest.yaml",
         # a source checkout / editable install
         package_dir.parent / "models" / "manifest.yaml",

@@ -81,6 +81,12 @@ def test_shipped_manifest_pins_the_embedded_models(manifest):
         assert entry.revision is not None and len(entry.revision) == 40
 
 
+def test_packaged_manifest_is_the_models_folder_copy():
+    """A wheel reads hybridmem_local/models_manifest.yaml, a checkout models/manifest.yaml: one edit, both."""
+    root = Path(model_registry.__file__).resolve().parent
+    assert (root / "models_manifest.yaml").read_bytes() == (root.parent / "models" / "manifest.yaml").read_bytes()
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
