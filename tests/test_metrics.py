@@ -103,6 +103,13 @@ def test_bleu_tokens_split_punctuation_without_nltk_data():
     assert bleu_tokens("Paris, France.") == ["paris", ",", "france", "."]
 
 
+def test_bleu_tokens_follow_treebank_rules_like_word_tokenize():
+    # a date written with hyphens is one token, so it shares no unigram with "7 May 2023"
+    assert bleu_tokens("2023-07-10") == ["2023-07-10"]
+    assert bleu1("2023-07-10", "7 May 2023") == 0.0
+    assert bleu_tokens("Don't stop") == ["do", "n't", "stop"]
+
+
 def test_bleu1_brevity_penalty_and_precision():
     assert bleu1("a b c d", "a b c d") == pytest.approx(1.0)
     # Unigram precision 1, brevity penalty exp(1 - 4/2).

@@ -4,10 +4,11 @@
   snap-research/LoCoMo ``task_eval/evaluation.py``, category rules included.
 * :func:`f1_mem0` and :func:`bleu1` reproduce ``calculate_metrics`` / ``calculate_bleu_scores``
   of mem0's ``evaluation/metrics/utils.py`` (the F1 and BLEU columns of memory-system papers).
-  One deliberate difference: mem0 tokenises for BLEU with ``nltk.word_tokenize``, which needs
-  the downloadable ``punkt`` model; here a regex splits words and punctuation instead, so no
-  NLTK data is ever needed. The two differ only on contractions ("don't" → don ' t, where
-  Treebank gives do n't) and a few quote/period rules.
+  One deliberate difference: mem0 tokenises for BLEU with ``nltk.word_tokenize``, which first
+  splits sentences with the downloadable ``punkt`` model; here NLTK's word tokenizer (the one
+  ``word_tokenize`` applies to each sentence) runs on the whole text, so no NLTK data is ever
+  needed. The two differ only on a period that ends a sentence inside the text ("stop. she"
+  keeps "stop." as one token); answers are mostly one sentence.
 * Retrieval metrics work on provenance: a retrieved memory carries the turn ids it came from.
   A question without evidence is *not scorable* (``None``); :func:`aggregate` leaves such
   values out of every mean and counts them.
@@ -22,13 +23,14 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from nltk.stem import PorterStemmer
+from nltk.tokenize import NLTKWordTokenizer
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from pydantic import BaseModel, ConfigDict
 
 _stemmer = PorterStemmer()
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES_AND = re.compile(r"\b(a|an|the|and)\b")
-_BLEU_TOKEN = re.compile(r"\w+|[^\w\s]")
+_word_tokenizer = NLTKWordTokenizer()
 _ADVERSARIAL_PHRASES = ("no information available", "not mentioned")
 
 # --------------------------------------------------------------------------- LoCoMo official F1
@@ -108,8 +110,8 @@ def f1_mem0(prediction: str, gold: str) -> float:
 
 
 def bleu_tokens(text: str) -> list[str]:
-    """Lowercased words and punctuation marks (stands in for ``nltk.word_tokenize``)."""
-    return _BLEU_TOKEN.findall(text.lower())
+    """``nltk.word_tokenize`` of the lowercased text, less its punkt sentence split (see above)."""
+    return _word_tokenizer.tokenize(text.lower())
 
 
 def bleu1(prediction: str, gold: str) -> float:
