@@ -43,7 +43,7 @@ from rich.table import Table
 
 from hybridmem_local.clustering import Clusterer, make_clusterer
 from hybridmem_local.llm.base import ChatMessage, LLMRequest, LLMResult, StructuredLLM
-from hybridmem_local.llm.replies import RETRY_FEEDBACK, schema_json
+from hybridmem_local.llm.replies import feedback_request
 from hybridmem_local.prompts import PromptTemplate, load_prompt
 from hybridmem_local.schema import (
     Episode,
@@ -588,13 +588,6 @@ def _check(group: Group, members: list[Memory], result: LLMResult) -> GroupPlan 
         return str(exc)
 
 
-def _retry_request(request: LLMRequest, reply: str, error: str) -> LLMRequest:
-    assert request.output_schema is not None
-    feedback = RETRY_FEEDBACK.format(error=error, schema=json.dumps(schema_json(request.output_schema)))
-    messages = [*request.messages, ChatMessage(role="assistant", content=reply), ChatMessage(role="user", content=feedback)]
-    return request.model_copy(update={"messages": messages})
-
-
 def _generate(llm: StructuredLLM, requests: list[LLMRequest], report: ConsolidationReport) -> list[LLMResult]:
     started = time.perf_counter()
     results = llm.generate(requests)
@@ -623,7 +616,7 @@ def _plan(
     for i in invalid:
         report.stores[groups[i][0].kind].invalid_plans_retried += 1
     if invalid:
-        retries = [_retry_request(requests[i], results[i].text, outcomes[i]) for i in invalid]
+        retries = [feedback_request(requests[i], results[i].text, outcomes[i]) for i in invalid]
         for i, result in zip(invalid, _generate(llm, retries, report), strict=True):
             outcome = _check(*groups[i], result)
             if isinstance(outcome, GroupPlan):

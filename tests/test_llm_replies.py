@@ -6,7 +6,14 @@ import pytest
 from pydantic import BaseModel
 
 from hybridmem_local.llm import ChatMessage, LLMRequest
-from hybridmem_local.llm.replies import Completion, check_reply, generate_with_retries, strip_think
+from hybridmem_local.llm.replies import (
+    FEEDBACK_REPLY_CHARS,
+    Completion,
+    check_reply,
+    feedback_request,
+    generate_with_retries,
+    strip_think,
+)
 
 
 class Fact(BaseModel):
@@ -55,6 +62,20 @@ def test_retries_stop_at_the_bound_and_keep_good_results_in_place():
     assert [r.parsed.entity if r.ok else None for r in results] == ["a", None, "c"]
     assert results[1].error.startswith("reply does not match Fact") and results[1].text == "{"
     assert [r.prompt_tokens for r in results] == [5, 15, 10]
+
+
+def test_a_retry_quotes_a_short_reply_whole_and_clips_a_cut_off_one():
+    request = LLMRequest(messages=[ChatMessage(role="user", content="a fact")], output_schema=Fact)
+    short = feedback_request(request, '{"entity": 3}', "entity: not a string")
+    assert [m.role for m in short.messages] == ["user", "assistant", "user"]
+    assert short.messages[1].content == '{"entity": 3}'
+    assert "entity: not a string" in short.messages[2].content and '"year"' in short.messages[2].content
+
+    cut_off = '{"entity": "' + "loop " * 2000  # a reply that ran to max_new_tokens
+    clipped = feedback_request(request, cut_off, "cut off at max_new_tokens").messages[1].content
+    assert clipped.startswith(cut_off[:FEEDBACK_REPLY_CHARS])
+    assert clipped.endswith(f"({len(cut_off) - FEEDBACK_REPLY_CHARS} more characters cut)")
+    assert len(clipped) < FEEDBACK_REPLY_CHARS + 50
 
 
 def test_permanent_errors_are_not_retried():

@@ -79,9 +79,17 @@ def schema_json(schema: type[BaseModel]) -> dict:
     return schema.model_json_schema()
 
 
-def _feedback_request(request: LLMRequest, reply: str, error: str) -> LLMRequest:
+#: How much of a failed reply a retry quotes back. Enough to show a mistake; quoted whole, a
+#: reply cut off at max_new_tokens would push the retry's prompt past the context window.
+FEEDBACK_REPLY_CHARS = 1000
+
+
+def feedback_request(request: LLMRequest, reply: str, error: str) -> LLMRequest:
+    """``request`` again, followed by its failed reply (clipped) and why it could not be used."""
     assert request.output_schema is not None
     feedback = RETRY_FEEDBACK.format(error=error, schema=json.dumps(schema_json(request.output_schema)))
+    if len(reply) > FEEDBACK_REPLY_CHARS:
+        reply = f"{reply[:FEEDBACK_REPLY_CHARS]} … ({len(reply) - FEEDBACK_REPLY_CHARS} more characters cut)"
     messages = [
         *request.messages,
         ChatMessage(role="assistant", content=reply),
@@ -136,7 +144,7 @@ def generate_with_retries(
             last_reply[i], last_error[i] = text, problem
             still_pending.append(i)
             if requests[i].output_schema is not None:
-                attempts[i] = _feedback_request(requests[i], text, problem)
+                attempts[i] = feedback_request(requests[i], text, problem)
         pending = still_pending
         if not pending:
             break
