@@ -131,7 +131,10 @@ def run(args: argparse.Namespace) -> list[dict]:
                 row["mcs"] = mcs
                 row["wall_s"] = time.perf_counter() - started
             rows.append(row)
-            console.print(table([row], args.clusters_only))  # each mcs as it finishes: runs are long on CPU
+            # Each mcs is shown and saved as it finishes: on CPU one takes tens of minutes.
+            console.print(table([row], args.clusters_only))
+            if args.out is not None:
+                args.out.write_text(json.dumps(rows, indent=2))
     return rows
 
 
@@ -170,7 +173,7 @@ def main() -> None:
     parser.add_argument("--locomo-observations", type=Path, default=None,
                         help="build --store from this LoCoMo file's observations when --store does not exist")
     parser.add_argument("--clusters-only", action="store_true", help="cluster without calling the LLM")
-    parser.add_argument("--out", type=Path, default=None, help="write the per-mcs reports as JSON")
+    parser.add_argument("--out", type=Path, default=None, help="write the per-mcs reports as JSON (after each mcs)")
     args = parser.parse_args()
     if args.locomo_observations is not None and not args.store.exists():
         written = build_from_locomo_observations(args.locomo_observations, args.namespace, args.store, args.config)
@@ -180,7 +183,6 @@ def main() -> None:
     rows = run(args)
     console.print(table(rows, args.clusters_only))
     if args.out is not None:
-        args.out.write_text(json.dumps(rows, indent=2))
         console.print(f"wrote {args.out}")
 
 
