@@ -18,8 +18,9 @@ One run works on one namespace, on its active memories, each store (episodes, tu
    checked (every id in its group and used once, merges of ≥ 2, not everything deleted);
    provenance is never taken from the LLM: a merged record cites the union of its members' turn
    ids, and its timestamp is the newest member's unless the LLM picked one of the members'.
-   Invalid plans are asked again once, in one more batch, with the error appended; a plan still
-   invalid is skipped whole and listed in the report.
+   Plans that parse but break these rules are asked again once, in one more batch, with the
+   error appended (replies that fail the schema were already retried by the LLM layer); a plan
+   still invalid is skipped whole and listed in the report.
 4. **Apply** in one SQLite transaction: a ``consolidation_runs`` row, merged rows inserted with
    ``action="merge"``, their sources marked ``superseded`` (``superseded_by`` → merged row),
    deletions marked ``deleted`` with the LLM's reason, an event per change carrying the run id,
@@ -612,7 +613,10 @@ def _plan(
     requests = [plan_request(namespace, group.kind, members) for group, members in groups]
     results = _generate(llm, requests, report)
     outcomes = [_check(group, members, result) for (group, members), result in zip(groups, results, strict=True)]
-    invalid = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, str)]
+    # Only plans that parsed but broke the group's rules are asked again: a reply that failed
+    # (schema, cut off, transport) was already retried by the LLM layer, and retrying it on top
+    # stacks two quoted replies into one prompt.
+    invalid = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, str) and results[i].ok]
     for i in invalid:
         report.stores[groups[i][0].kind].invalid_plans_retried += 1
     if invalid:

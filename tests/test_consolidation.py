@@ -333,12 +333,16 @@ def test_invalid_plans_are_retried_once_then_skipped_without_any_change(memory, 
     report = consolidate(memory, NS, llm, clusters={"episode": [group]})
 
     expected_error = _bad_episode_plans(llm.batches[0][0])[case][1]
-    assert [len(b) for b in llm.batches] == [1, 1], "one retry, in its own batch"
-    retry = llm.batches[1][0]
-    assert retry.messages[-2].role == "assistant" and expected_error in retry.messages[-1].content
+    if case == "wrong schema":  # a failed reply: the LLM layer's own retries (max_retries) had their turn
+        assert [len(b) for b in llm.batches] == [1]
+    else:
+        assert [len(b) for b in llm.batches] == [1, 1], "one retry, in its own batch"
+        retry = llm.batches[1][0]
+        assert retry.messages[-2].role == "assistant" and expected_error in retry.messages[-1].content
     (skipped,) = report.skipped
     assert expected_error in skipped.error
-    assert report.stores["episode"].invalid_plans_skipped == 1 and report.stores["episode"].llm_calls == 2
+    assert report.stores["episode"].invalid_plans_skipped == 1
+    assert report.stores["episode"].llm_calls == len(llm.batches)
     assert rows(memory, "memories") == before
     assert len(rows(memory, "events")) == events_before, "no memory event: the run recorded only itself"
     assert report.run_id is not None and not report.merged and not report.deleted
