@@ -35,7 +35,7 @@ from pathlib import Path
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_search import DEFAULT_LOCOMO, console, load_embedder, machine, set_threads, write_json  # noqa: E402
+from bench_search import DEFAULT_LOCOMO, console, load_embedder, machine, set_threads, summary, timed, write_json  # noqa: E402
 
 from hybridmem_local.config import CurationConfig, LLMConfig, load_config  # noqa: E402
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft  # noqa: E402
@@ -109,13 +109,10 @@ def bench_throughput(embedder, work: list[tuple[Session, list, list]], questions
             save_s = time.perf_counter() - start
             embed_s = timed_embedder.seconds  # searches below embed too
             counts = memory.store.counts()
-            search_ms = _search_latencies(memory, questions)
-            rebuild_s = {}
-            for namespace in questions:
-                start = time.perf_counter()
-                memory.rebuild_indexes(namespace)
-                memory.search(questions[namespace][0], namespace=namespace)  # BM25 rebuilds on first use
-                rebuild_s[namespace] = time.perf_counter() - start
+            search = summary(_search_seconds(memory, questions))
+            # The first search after a rebuild also rebuilds BM25 (and embeds its query).
+            rebuild_s = {namespace: timed(_rebuild_and_search, memory, namespace, texts[0])[0]
+                         for namespace, texts in questions.items()}
     memories = sum(len(e) + len(t) for _, e, t in work)
     total, reference = sum(ingest_s), sum(reference_s)
     return {
@@ -133,24 +130,26 @@ def bench_throughput(embedder, work: list[tuple[Session, list, list]], questions
         "embed_only_s": reference,
         "embed_only_memories_per_s": memories / reference,
         "ingest_over_embed_only": total / reference,
-        "search_queries": len(search_ms),
-        "search_p50_ms": statistics.median(search_ms),
-        "search_p95_ms": statistics.quantiles(search_ms, n=20)[-1],
+        "search_queries": search["n"],
+        "search_p50_ms": search["p50_ms"],
+        "search_p95_ms": search["p95_ms"],
         "rebuild_s_total": sum(rebuild_s.values()),
         "rebuild_s_per_namespace": rebuild_s,
     }
 
 
-def _search_latencies(memory, questions: dict[str, list[str]]) -> list[float]:
-    """Milliseconds of ``search`` (query embedding included) for every question, indexes warm."""
-    latencies = []
+def _search_seconds(memory, questions: dict[str, list[str]]) -> list[float]:
+    """Seconds of ``search`` (query embedding included) for every question, indexes warm."""
+    seconds = []
     for namespace, texts in questions.items():
         memory.search(texts[0], namespace=namespace)
-        for text in texts:
-            start = time.perf_counter()
-            memory.search(text, namespace=namespace)
-            latencies.append((time.perf_counter() - start) * 1000)
-    return latencies
+        seconds += [timed(memory.search, text, namespace)[0] for text in texts]
+    return seconds
+
+
+def _rebuild_and_search(memory, namespace: str, question: str) -> None:
+    memory.rebuild_indexes(namespace)
+    memory.search(question, namespace=namespace)
 
 
 # --------------------------------------------------------------------------- LLM calls per session
