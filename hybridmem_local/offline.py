@@ -200,9 +200,14 @@ def _config_settings(config: Config) -> dict[str, str]:
         usable, why = cuml_usable()
         clusterer = f"auto → {'gpu (cuML)' if usable else 'cpu'}: {why}"
     hdbscan, umap = consolidation.hdbscan, consolidation.umap
+    llm_line = (f"{llm.backend}: {llm.path or llm.model}, context {llm.context_tokens} tokens, "
+                f"thinking {'on' if llm.enable_thinking else 'off'}")
+    if llm.backend == "openai-server":
+        llm_line += f", base url {llm.base_url}"
+    elif llm.backend == "vllm-offline":
+        llm_line += f", tensor × pipeline parallel {llm.tensor_parallel_size} × {llm.pipeline_parallel_size}"
     settings = {
-        "llm": f"{llm.backend}: {llm.path or llm.model}, context {llm.context_tokens} tokens, "
-               f"thinking {'on' if llm.enable_thinking else 'off'}",
+        "llm": llm_line,
         "judge": "the llm above" if config.judge is None else f"{config.judge.backend}: {config.judge.path or config.judge.model}",
         "embedder": f"{config.embedder.path or config.embedder.model} on {config.embedder.device}",
         "retrieval": f"{retrieval.mode}, k {retrieval.k} episodes + {retrieval.tuple_multiplier * retrieval.k} tuples, "
@@ -215,14 +220,11 @@ def _config_settings(config: Config) -> dict[str, str]:
                          f"{hdbscan.cluster_selection_method} min_cluster_size {hdbscan.min_cluster_size}",
         "clusterer": clusterer,
     }
-    if llm.backend in ("vllm-offline", "openai-server"):
-        settings["llm"] += (f", base url {llm.base_url}" if llm.backend == "openai-server" else
-                            f", tensor × pipeline parallel {llm.tensor_parallel_size} × {llm.pipeline_parallel_size}")
     return settings
 
 
 def render_doctor(report: dict[str, Any]) -> RenderableType:
-    """A rich rendering of :func:`doctor_report` (tables for models and backends)."""
+    """A rich rendering of :func:`doctor_report` (tables for models, backends and the config)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
