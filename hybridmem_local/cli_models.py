@@ -1,4 +1,4 @@
-"""``hybridmem models ...``: list, verify, download, bundle and install the manifest's models.
+"""``hybridmem models ...``: list, verify, download, convert, bundle and install the manifest's models.
 
 ``download`` is the only command that uses the network; every other one works air-gapped.
 """
@@ -146,6 +146,21 @@ def download(
         report = model_registry.download(name, models_dir, _manifest(manifest), allow_network=True)
     _print_files(report)
     console.print(f"downloaded {name} to {report.directory} in {time.perf_counter() - started:.1f}s")
+
+
+@app.command()
+def convert(
+    name: str = typer.Argument(..., help="A GGUF model (e.g. smollm2-135m-instruct) or its converted entry (…-hf)."),
+    models_dir: Optional[Path] = MODELS_DIR_OPTION,
+    manifest: Optional[Path] = MANIFEST_OPTION,
+    replace: bool = typer.Option(False, "--replace", help="Convert again over an existing folder."),
+) -> None:
+    """Convert a manifest GGUF model into the HF checkpoint folder vLLM loads (offline), then verify it."""
+    started = time.perf_counter()
+    with reported(ModelRegistryError):
+        report = model_registry.convert(name, models_dir, _manifest(manifest), replace=replace)
+    _print_files(report)
+    console.print(f"converted into {report.directory} in {time.perf_counter() - started:.1f}s")
 
 
 @app.command("bundle")

@@ -107,6 +107,20 @@ class LLMConfig(_Section):
     distributed_executor_backend: Literal["mp", "ray"] | None = None
     #: vLLM reasoning parser (e.g. "qwen3"): with it, constrained JSON starts after the <think> block.
     reasoning_parser: str | None = None
+    #: vLLM weights dtype ("auto", "bfloat16", "float16", "float32"; vLLM rejects "bf16").
+    dtype: str = "auto"
+    #: vLLM eager mode (no torch.compile / CUDA graphs); null = vLLM's default (off). On the CPU
+    #: build, true starts the engine in ~30 s instead of ~90 s.
+    enforce_eager: bool | None = None
+    #: Sequences vLLM runs at once; null = vLLM's default.
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    #: vLLM CPU build only: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE); null = vLLM's default.
+    cpu_kvcache_space_gib: float | None = Field(default=None, gt=0)
+    #: vLLM: constrained JSON without free whitespace (engine-wide structured_outputs_config;
+    #: vLLM 0.32 ignores the per-request flag). Off by default: forced compact JSON made SmolLM2
+    #: curate 3 LoCoMo sessions in > 650 s (replies looping to max_new_tokens) against 104 s with
+    #: free whitespace; on, it stops a small model spending max_new_tokens on newlines.
+    compact_json: bool = False
     # OpenAI-compatible server
     base_url: str | None = None
     api_key_env: str = "HYBRIDMEM_API_KEY"
@@ -174,6 +188,27 @@ class OfflineConfig(_Section):
     allow_network: bool = False
 
 
+class ServiceConfig(_Section):
+    """``hybridmem serve``: the HTTP and MCP service over one store, and its curation worker."""
+
+    #: Loopback by default; any other address must be asked for explicitly.
+    host: str = "127.0.0.1"
+    port: int = Field(default=8420, ge=1, le=65535)
+    #: Request bodies larger than this are refused with 413 before they are parsed.
+    max_body_bytes: int = Field(default=1_000_000, ge=1024)
+    #: Per-key token bucket: sustained requests per second and the burst allowed above it.
+    rate_limit_per_s: float = Field(default=20.0, gt=0)
+    rate_limit_burst: int = Field(default=40, ge=1)
+    #: Sessions stored but not yet curated, over all namespaces; past it adding answers 503.
+    max_pending_sessions: int = Field(default=1000, ge=1)
+    #: An ``ask`` that has no answer after this long answers 504 (the LLM may be busy curating).
+    ask_timeout_s: float = Field(default=120.0, gt=0)
+    #: How often the worker looks for pending sessions when nobody woke it.
+    worker_poll_s: float = Field(default=2.0, gt=0)
+    #: Log request bodies (turn text, queries) for debugging; keys are never logged.
+    log_content: bool = False
+
+
 class Config(_Section):
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)
@@ -185,6 +220,7 @@ class Config(_Section):
     consolidation: ConsolidationConfig = Field(default_factory=ConsolidationConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     offline: OfflineConfig = Field(default_factory=OfflineConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
 
 
 class ConfigError(ValueError):

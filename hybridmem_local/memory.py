@@ -284,10 +284,23 @@ class HybridMemory:
         report.consolidation_runs = self._scheduled_consolidation({s.namespace for s in new})
         return report
 
-    def curate_pending(self, namespace: str | None = None, retry_failed: bool = False, progress: Progress | None = None) -> IngestReport:
-        """Curate sessions stored raw (``pending``), and failed ones too with ``retry_failed``."""
+    def curate_pending(
+        self,
+        namespace: str | None = None,
+        retry_failed: bool = False,
+        progress: Progress | None = None,
+        limit: int | None = None,
+    ) -> IngestReport:
+        """Curate sessions stored raw (``pending``), and failed ones too with ``retry_failed``,
+        oldest first; at most ``limit`` of them when given."""
         statuses = ["pending"] + (["curation_failed"] if retry_failed else [])
-        sessions = [r.session for status in statuses for r in self.store.iter_sessions(namespace, status)]
+        records = self.store.sessions_to_curate(statuses, namespace=namespace, limit=limit)
+        return self.curate_stored([r.session for r in records], progress=progress)
+
+    def curate_stored(self, sessions: Sequence[Session], progress: Progress | None = None) -> IngestReport:
+        """Curate sessions already stored (pending or failed) in batches, then run the
+        consolidation their namespaces are due. A session curated meanwhile by another process
+        is skipped, never stored twice."""
         report = IngestReport()
         self._curate_and_store(sessions, already_stored=True, report=report, progress=progress)
         report.consolidation_runs = self._scheduled_consolidation({s.namespace for s in sessions})
@@ -325,13 +338,16 @@ class HybridMemory:
                 session=None if already_stored else session,
                 source_session_id=session.session_id,
                 prompt_version=outcome.prompt_version,
+                require_uncurated=already_stored,
             )
             report.memories += len(ids)
             report.curated += 1
         else:
             log.warning("curation of session %s failed: %s", session.session_id, outcome.error)
             if already_stored:
-                self.store.set_curation_status(session.namespace, session.session_id, "curation_failed", outcome.error)
+                self.store.set_curation_status(
+                    session.namespace, session.session_id, "curation_failed", outcome.error, require_uncurated=True
+                )
             else:
                 self.store.insert_session(session, curation_status="curation_failed", curation_error=outcome.error)
             report.failed += 1
@@ -357,13 +373,15 @@ class HybridMemory:
         session: Session | None = None,
         source_session_id: str | None = None,
         prompt_version: str | None = None,
+        require_uncurated: bool = False,
     ) -> list[int]:
         """Store memories (and, if given, the new session they came from) in one transaction.
 
         Embeddings are computed before the transaction, so a failure there changes nothing.
         Every ``source_turn_ids`` entry must name a turn of this namespace. With
         ``source_session_id`` naming a stored session, that session is marked curated in the
-        same transaction.
+        same transaction; with ``require_uncurated`` too, nothing is written (AlreadyCuratedError)
+        when that session is curated already, so two curators never store its memories twice.
         """
         check_namespace(namespace)
         memories = [*episodes, *tuples]
@@ -380,7 +398,10 @@ class HybridMemory:
             if session is not None:
                 self.store.insert_session(session, curation_status="curated", prompt_version=prompt_version)
             elif source_session_id is not None:
-                self.store.set_curation_status(namespace, source_session_id, "curated", prompt_version=prompt_version)
+                self.store.set_curation_status(
+                    namespace, source_session_id, "curated", prompt_version=prompt_version,
+                    require_uncurated=require_uncurated,
+                )
             ids = self.store.insert_memories(namespace, memories, source_session_id=source_session_id)
             self.store.put_embeddings(namespace, model_id, missing, vectors)
         self._apply_to_indexes(namespace, added=list(self.store.get_memories(ids).values()))
@@ -471,9 +492,17 @@ class HybridMemory:
         return self.store.get_memory(memory_id)
 
     def list(
-        self, namespace: str = "default", kind: MemoryKind | None = None, status: MemoryStatus | None = MemoryStatus.active
+        self,
+        namespace: str = "default",
+        kind: MemoryKind | None = None,
+        status: MemoryStatus | None = MemoryStatus.active,
+        limit: int | None = None,
+        offset: int = 0,
     ) -> list[Episode | RelationalTuple]:
-        return self.store.list_memories(namespace, kind, status)
+        """Memories in id order (``status=None``: any status); ``limit``/``offset`` page through them."""
+        if (limit is not None and limit < 0) or offset < 0:
+            raise ValueError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
+        return self.store.list_memories(namespace, kind, status, limit=limit, offset=offset)
 
     def history(self, memory_id: int) -> list[Event]:
         self.get(memory_id)  # a clear NotFoundError for an unknown id
@@ -490,20 +519,27 @@ class HybridMemory:
 
     def export(self, namespace: str, path: str | Path) -> int:
         """Write a namespace as JSONL (sessions with turns, then memories with provenance)."""
+        records = self.export_records(namespace)
+        path = Path(path)
+        with open(path, "w", encoding="utf-8", opener=_owner_only_opener) as out:
+            out.writelines(records)
+        self.store.record_export(namespace, path)
+        return len(records)
+
+    def export_records(self, namespace: str) -> list[str]:
+        """The export's JSONL lines (each ending in a newline), read at one point in time."""
         check_namespace(namespace)
         if namespace not in self.store.namespaces():
             raise NotFoundError(f"namespace {namespace!r} does not exist")
-        path = Path(path)
-        lines = 0
-        with open(path, "w", encoding="utf-8", opener=_owner_only_opener) as out:
-            for record in self.store.iter_sessions(namespace):
-                out.write(json.dumps({"type": "session", **json.loads(record.model_dump_json())}) + "\n")
-                lines += 1
-            for memory in self.store.list_memories(namespace, status=None):
-                out.write(json.dumps({"type": "memory", **json.loads(memory.model_dump_json())}) + "\n")
-                lines += 1
-        self.store.record_export(namespace, path)
-        return lines
+        sessions = [
+            json.dumps({"type": "session", **json.loads(record.model_dump_json())}) + "\n"
+            for record in self.store.iter_sessions(namespace)
+        ]
+        memories = [
+            json.dumps({"type": "memory", **json.loads(memory.model_dump_json())}) + "\n"
+            for memory in self.store.list_memories(namespace, status=None)
+        ]
+        return sessions + memories
 
     def import_(self, path: str | Path, namespace: str | None = None) -> dict[str, int]:
         """Load a JSONL export (optionally into another namespace) in one transaction."""

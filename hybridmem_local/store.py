@@ -41,7 +41,7 @@ from hybridmem_local.schema import (
     utcnow,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -129,6 +129,21 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (namespace, path)
     );
     """,
+    # API keys of `hybridmem serve`. Only a salted hash of the secret is kept; ``namespaces`` is a
+    # JSON list where ["*"] means every namespace. Revoked keys stay (with ``revoked_at``) so the
+    # history of who could reach what is kept.
+    2: """
+    CREATE TABLE api_keys (
+        key_id TEXT PRIMARY KEY,
+        salt BLOB NOT NULL,
+        key_hash BLOB NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('read', 'write', 'admin')),
+        namespaces TEXT NOT NULL,
+        label TEXT,
+        created_at TEXT NOT NULL,
+        revoked_at TEXT
+    );
+    """,
 }
 
 _MEMORY_COLUMNS = (
@@ -147,6 +162,10 @@ class NotFoundError(KeyError):
 
 class DuplicateSessionError(StoreError):
     """The session id is already stored in that namespace (e.g. by a concurrent ingest)."""
+
+
+class AlreadyCuratedError(DuplicateSessionError):
+    """The session was curated meanwhile (by another process): its memories are stored once, not twice."""
 
 
 class Event(BaseModel):
@@ -171,6 +190,21 @@ class SessionRecord(BaseModel):
     curation_error: str | None = None
 
 
+class ApiKeyRow(BaseModel):
+    """One stored API key: what it may reach, and the salted hash its secret is checked against."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key_id: str
+    salt: bytes
+    key_hash: bytes
+    role: str
+    namespaces: list[str]
+    label: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
 def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -191,9 +225,15 @@ class MemoryStore:
         if self.path is not None:
             if not self.path.parent.exists():
                 raise StoreError(f"cannot open store {self.path}: directory {self.path.parent} does not exist")
-            # Create the file ourselves so it is never world-readable, even for an instant.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.close(fd)
+            # Create the file ourselves so it is never world-readable, even for an instant. Only
+            # when it is missing: closing any descriptor of an open database file drops every
+            # POSIX lock this process holds on it, so another connection of the process (the
+            # service opens several) would lose its locks and another process could, e.g.,
+            # checkpoint and delete the WAL under it (sqlite.org/howtocorrupt.html, 2.2).
+            try:
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                pass
         try:
             self.conn = sqlite3.connect(
                 str(path), timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
@@ -381,15 +421,27 @@ class MemoryStore:
         )
 
     def set_curation_status(
-        self, namespace: str, session_id: str, status: str, error: str | None = None, prompt_version: str | None = None
+        self,
+        namespace: str,
+        session_id: str,
+        status: str,
+        error: str | None = None,
+        prompt_version: str | None = None,
+        require_uncurated: bool = False,
     ) -> None:
+        """Change a session's curation status; with ``require_uncurated``, AlreadyCuratedError
+        (nothing changed) when it is curated already, so two curators cannot both store it."""
+        sql = (
+            "UPDATE sessions SET curation_status = ?, curation_error = ?, prompt_version = coalesce(?, prompt_version) "
+            "WHERE namespace = ? AND session_id = ?"
+        )
+        if require_uncurated:
+            sql += " AND curation_status != 'curated'"
         with self.transaction() as c:
-            updated = c.execute(
-                "UPDATE sessions SET curation_status = ?, curation_error = ?, prompt_version = coalesce(?, prompt_version) "
-                "WHERE namespace = ? AND session_id = ?",
-                (status, error, prompt_version, namespace, session_id),
-            ).rowcount
+            updated = c.execute(sql, (status, error, prompt_version, namespace, session_id)).rowcount
             if not updated:
+                if require_uncurated and self.has_session(namespace, session_id):
+                    raise AlreadyCuratedError(f"session {session_id!r} of namespace {namespace!r} is already curated")
                 raise NotFoundError(f"no session {session_id!r} in namespace {namespace!r}")
 
     def get_session(self, namespace: str, session_id: str) -> SessionRecord:
@@ -408,6 +460,26 @@ class MemoryStore:
             sql, args = sql + " AND curation_status = ?", [*args, curation_status]
         for row in self.conn.execute(sql + " ORDER BY namespace, started_at, id", args).fetchall():
             yield self._session_record(row)
+
+    def sessions_to_curate(
+        self, statuses: Sequence[str], namespace: str | None = None, limit: int | None = None
+    ) -> list[SessionRecord]:
+        """Sessions with one of ``statuses``, oldest first (arrival order), of every namespace
+        unless one is named; at most ``limit`` of them."""
+        marks = ",".join("?" * len(statuses))
+        sql, args = f"SELECT * FROM sessions WHERE curation_status IN ({marks})", list(statuses)
+        if namespace is not None:
+            sql, args = sql + " AND namespace = ?", [*args, namespace]
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql, args = sql + " LIMIT ?", [*args, int(limit)]
+        return [self._session_record(row) for row in self.conn.execute(sql, args).fetchall()]
+
+    def count_sessions(self, curation_status: str) -> int:
+        """Sessions with this curation status over all namespaces (the service's queue length)."""
+        return self.conn.execute(
+            "SELECT count(*) FROM sessions WHERE curation_status = ?", (curation_status,)
+        ).fetchone()[0]
 
     def _session_record(self, row: sqlite3.Row) -> SessionRecord:
         turns = [
@@ -528,15 +600,18 @@ class MemoryStore:
         kind: MemoryKind | None = None,
         status: MemoryStatus | None = MemoryStatus.active,
         limit: int | None = None,
+        offset: int = 0,
     ) -> list[Episode | RelationalTuple]:
+        """Memories in id order; ``limit``/``offset`` page through them (ids never move, so pages are stable)."""
         sql, args = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = ?", [namespace]
         if kind is not None:
             sql, args = sql + " AND kind = ?", [*args, kind]
         if status is not None:
             sql, args = sql + " AND status = ?", [*args, MemoryStatus(status).value]
         sql += " ORDER BY id"
-        if limit is not None:
-            sql, args = sql + " LIMIT ?", [*args, int(limit)]
+        if limit is not None or offset:
+            # SQLite needs a LIMIT for an OFFSET; -1 means no limit.
+            sql, args = sql + " LIMIT ? OFFSET ?", [*args, -1 if limit is None else int(limit), int(offset)]
         return [_row_to_memory(r) for r in self.conn.execute(sql, args)]
 
     def active_ids(self, namespace: str, kind: MemoryKind) -> np.ndarray:
@@ -561,6 +636,44 @@ class MemoryStore:
         ):
             out[f"sessions_{status}"] = n
         return out
+
+    # ------------------------------------------------------------------ API keys
+
+    def insert_api_key(self, key: ApiKeyRow) -> None:
+        """Store a new key and a ``key_created`` event in each of its namespaces (never the hash)."""
+        with self.transaction() as c:
+            c.execute(
+                "INSERT INTO api_keys (key_id, salt, key_hash, role, namespaces, label, created_at, revoked_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+                (key.key_id, key.salt, key.key_hash, key.role, json.dumps(key.namespaces), key.label,
+                 key.created_at.isoformat()),
+            )
+            self._key_events(key, "key_created")
+
+    def get_api_key(self, key_id: str) -> ApiKeyRow | None:
+        row = self.conn.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+        return None if row is None else _row_to_api_key(row)
+
+    def list_api_keys(self) -> list[ApiKeyRow]:
+        return [_row_to_api_key(r) for r in self.conn.execute("SELECT * FROM api_keys ORDER BY created_at, key_id")]
+
+    def revoke_api_key(self, key_id: str) -> ApiKeyRow:
+        """Mark a key revoked (idempotent: a second revoke keeps the first time and logs nothing)."""
+        with self.transaction() as c:
+            key = self.get_api_key(key_id)
+            if key is None:
+                raise NotFoundError(f"no API key with id {key_id!r}")
+            if key.revoked_at is None:
+                now = utcnow()
+                c.execute("UPDATE api_keys SET revoked_at = ? WHERE key_id = ?", (now.isoformat(), key_id))
+                key = key.model_copy(update={"revoked_at": now})
+                self._key_events(key, "key_revoked")
+        return key
+
+    def _key_events(self, key: ApiKeyRow, action: str) -> None:
+        after = {"key_id": key.key_id, "role": key.role, "namespaces": key.namespaces, "label": key.label}
+        for namespace in key.namespaces:
+            self._event(namespace, action, None, None, None, after, None)
 
     # ------------------------------------------------------------------ history
 
@@ -756,6 +869,19 @@ def _row_to_memory(row: sqlite3.Row) -> Episode | RelationalTuple:
         return Episode(title=row["title"], summary=row["summary"], details=row["details"], **common)
     return RelationalTuple(
         entity=row["entity"], relation=row["relation"], object=row["object"], context=row["context"] or "", **common
+    )
+
+
+def _row_to_api_key(row: sqlite3.Row) -> ApiKeyRow:
+    return ApiKeyRow(
+        key_id=row["key_id"],
+        salt=row["salt"],
+        key_hash=row["key_hash"],
+        role=row["role"],
+        namespaces=json.loads(row["namespaces"]),
+        label=row["label"],
+        created_at=datetime.fromisoformat(row["created_at"]),
+        revoked_at=datetime.fromisoformat(row["revoked_at"]) if row["revoked_at"] else None,
     )
 
 

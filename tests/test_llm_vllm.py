@@ -1,7 +1,9 @@
-"""vLLM paths that cannot run here (no GPU): the in-process backend against a stand-in ``vllm``
+"""vLLM paths that cannot run on CPUs (GPU arguments, tensor/pipeline parallel, Ray, Qwen3's
+reasoning parser) and fast plumbing checks: the in-process backend against a stand-in ``vllm``
 module shaped like vLLM 0.33.0's (``LLM.__init__``/``LLM.chat`` keywords, ``SamplingParams``,
 ``StructuredOutputsParams``, ``RequestOutput``/``CompletionOutput``), the vLLM configs, and the
-``vllm serve`` command line that scripts/serve_vllm.sh builds.
+``vllm serve`` command line that scripts/serve_vllm.sh builds. The real engine and server
+(vLLM's CPU build) run in tests/vllm/ (``.venv-vllm/bin/python -m pytest -m vllm tests/vllm/``).
 """
 
 from __future__ import annotations
@@ -175,6 +177,50 @@ def test_engine_gets_the_configured_parallelism(fake_vllm, tmp_path):
         "distributed_executor_backend": "ray",
         "reasoning_parser": "qwen3",
     }
+
+
+def test_cpu_build_gets_cpu_arguments_and_kv_cache_space(fake_vllm, tmp_path, monkeypatch):
+    """On vLLM's CPU build (real runs: tests/vllm/) no GPU-only argument is passed and the KV
+    cache size travels in the environment the engine's worker processes inherit."""
+    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=types.SimpleNamespace(device_type="cpu")))
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    config = load_config(REPO / "configs" / "vllm-cpu.yaml").llm
+    build_llm(config, model_path=tmp_path / "smollm2-hf")
+    [engine] = fake_vllm.instances
+    # tensor_parallel_size 1 and gpu_memory_utilization 0.92 are the stand-in's defaults: not passed.
+    assert engine.init_args == {
+        "model": str(tmp_path / "smollm2-hf"),
+        "served_model_name": "smollm2-135m-instruct-hf",
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.92,
+        "seed": 0,
+        "max_model_len": 4096,
+        "dtype": "bfloat16",
+        "enforce_eager": True,
+        "max_num_seqs": 8,
+    }
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    fake_vllm.instances.clear()
+    build_llm(config.model_copy(update={"compact_json": True}), model_path=tmp_path / "smollm2-hf")
+    assert fake_vllm.instances[0].init_args["structured_outputs_config"] == {
+        "backend": "xgrammar", "disable_any_whitespace": True}
+
+
+def test_serve_args_match_the_engine_arguments(tmp_path):
+    from hybridmem_local.llm.serve_args import serve_command
+
+    config = load_config(REPO / "configs" / "vllm-cpu.yaml").llm
+    args, env = serve_command(config, tmp_path / "m", "cpu")
+    assert args[:6] == ["serve", str(tmp_path / "m"), "--host", "127.0.0.1", "--port", "8011"]
+    assert "--gpu-memory-utilization" not in args and "--tensor-parallel-size" not in args
+    assert "--enforce-eager" in args and args[args.index("--dtype") + 1] == "bfloat16"
+    assert "--structured-outputs-config" not in args
+    compact, _ = serve_command(config.model_copy(update={"compact_json": True}), tmp_path / "m", "cpu")
+    assert json.loads(compact[compact.index("--structured-outputs-config") + 1])["disable_any_whitespace"] is True
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    gpu_args, gpu_env = serve_command(config.model_copy(update={"tensor_parallel_size": 2}), tmp_path / "m", "cuda")
+    assert gpu_args[gpu_args.index("--tensor-parallel-size") + 1] == "2"
+    assert gpu_args[gpu_args.index("--gpu-memory-utilization") + 1] == "0.9" and gpu_env == {}
 
 
 def test_batch_is_one_chat_call_with_schema_and_thinking_off(fake_vllm, tmp_path):

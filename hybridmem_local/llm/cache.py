@@ -60,7 +60,9 @@ class CachedLLM:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        self._db = sqlite3.connect(self.path)
+        # `hybridmem serve` calls it from its worker and ask threads, one call at a time
+        # (service.state.SerializedLLM): the connection must not be tied to the creating thread.
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         # forget() promises the text is gone, not just unlinked from the table.
         self._db.execute("PRAGMA secure_delete=ON")

@@ -3,13 +3,26 @@
 
 Each request asks for the schema twice, in the two forms vLLM reads: the standard
 ``response_format={"type": "json_schema", ...}`` and vLLM's ``extra_body["structured_outputs"]``
-(what ``outlines.from_vllm`` sends; servers before 0.12 ignore it silently). A server may still
-ignore both, so every reply is validated and a failure is retried with the error in a
+(what ``outlines.from_vllm`` sends; servers before 0.12 ignore it silently). vLLM 0.32 merges
+the two (``response_format`` sets ``json``, the other fields of ``structured_outputs`` stay), and
+both are enforced; the legacy ``guided_json`` field is accepted and silently ignored, so it is
+not sent (tests/vllm/test_server.py proves which fields constrain a real server). A server may
+still ignore both, so every reply is validated and a failure is retried with the error in a
 follow-up message. Qwen3's thinking switch travels as ``chat_template_kwargs``. A batch is
 sent as concurrent requests, which the server batches itself.
 
-Tested against a local HTTP server that speaks the same endpoints; not against a real vLLM
-server here (no GPU).
+Run for real against ``vllm serve`` (vLLM 0.32.0 CPU build, SmolLM2-135M; tests/vllm/). What the
+real server showed beyond the stand-in (tests/fake_vllm_server.py):
+
+* with free whitespace in the JSON grammar a small model can spend ``max_tokens`` on newlines
+  inside a valid-so-far object; the per-request ``structured_outputs.disable_any_whitespace``
+  is silently ignored by vLLM 0.32 (it is engine-wide): with ``llm.compact_json`` (off by
+  default: it made SmolLM2's curation much worse), scripts/serve_vllm.sh --config starts the
+  server with ``--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'``;
+* a prompt over ``--max-model-len`` is HTTP 400 (permanent: not retried), and the server stops a
+  reply at the context window rather than refusing ``max_tokens`` past it.
+
+Not exercised here: a GPU server, tensor/pipeline parallelism, Ray, Qwen3's reasoning parser.
 """
 
 from __future__ import annotations

@@ -1,0 +1,274 @@
+"""What one ``hybridmem serve`` process holds, shared by the HTTP routes and the MCP tools.
+
+    state = ServiceState(Path("memory.db"), config)
+    state.open()                                   # embedder, stores, curation worker
+    records = state.enqueue(sessions)              # raw turns stored `pending`, worker woken
+    with state.memory() as memory:                 # the request-side HybridMemory, under its lock
+        result = memory.search("...", namespace="alice")
+    answer = state.answer("...", "alice", None, None)   # AskTimeoutError past service.ask_timeout_s
+    state.close()
+
+Threads and what they share:
+
+* Request threads use one request-side ``HybridMemory`` under ``memory()``'s lock: its SQLite
+  connection, hnswlib indexes and dict caches are not safe to use from two threads at once (two
+  threads on one connection would even share a transaction).
+* The curation worker has its own ``HybridMemory`` on the same file (its own connection and
+  indexes); the request side sees the worker's commits through ``PRAGMA data_version``.
+* Both use the same embedder and LLM objects, each behind a lock of its own (torch and llama.cpp
+  objects are not thread-safe, and loading them twice would double the memory). So a request
+  waits on curation only for the LLM itself (``answer``), bounded by ``service.ask_timeout_s``,
+  and for one embedder call of the worker (a few memories' texts) at most.
+* API keys are checked on a connection of their own, so a key lookup never lands inside a
+  transaction of the request-side memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from hybridmem_local.answering import Answer, answer_from_context
+from hybridmem_local.config import Config
+from hybridmem_local.embedding import Embedder, build_embedder
+from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.memory import HybridMemory
+from hybridmem_local.schema import Session
+from hybridmem_local.service.keys import KeyRing
+from hybridmem_local.service.worker import CurationWorker
+from hybridmem_local.store import MemoryStore, SessionRecord
+
+log = logging.getLogger(__name__)
+
+#: ``ask`` calls waiting for (or holding) the LLM at once; more queue here. The LLM serves one
+#: call at a time anyway, so more threads would only wait.
+ASK_THREADS = 4
+
+
+class QueueFullError(RuntimeError):
+    """Adding the sessions would put more than ``service.max_pending_sessions`` in the queue."""
+
+
+class AskTimeoutError(TimeoutError):
+    """``ask`` got no answer within ``service.ask_timeout_s`` (the LLM was busy, or slow)."""
+
+
+class SerializedEmbedder:
+    """An embedder shared by threads: one ``embed`` call at a time."""
+
+    def __init__(self, inner: Embedder):
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.dimension = inner.dimension
+        self._lock = threading.Lock()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:  # nothing to compute: no reason to wait for another thread's call
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        with self._lock:
+            return self.inner.embed(texts)
+
+
+class SerializedLLM:
+    """The LLM shared by ``ask`` and the curation worker: one call at a time, built on first use
+    (a service that is never asked and has nothing to curate never loads a model).
+
+    Deliberately has no ``close``: ``HybridMemory.close`` closes its LLM, and both memories of
+    the service hold this one; ``ServiceState.close`` calls ``shutdown`` once.
+    """
+
+    def __init__(self, build: Callable[[], StructuredLLM]):
+        self._build = build
+        self._inner: StructuredLLM | None = None
+        #: Re-entrant: ``answer`` holds it across count_tokens and generate of one question.
+        self.lock = threading.RLock()
+
+    @property
+    def inner(self) -> StructuredLLM:
+        if self._inner is None:
+            with self.lock:
+                if self._inner is None:
+                    self._inner = self._build()
+        return self._inner
+
+    @property
+    def built(self) -> bool:
+        return self._inner is not None
+
+    @property
+    def model_id(self) -> str:
+        return self.inner.model_id
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        with self.lock:
+            return self.inner.generate(requests)
+
+    def count_tokens(self, text: str) -> int:
+        with self.lock:
+            return self.inner.count_tokens(text)
+
+    @contextmanager
+    def held(self, timeout_s: float) -> Iterator[SerializedLLM]:
+        """The LLM to this thread alone, or AskTimeoutError when it stays busy past ``timeout_s``."""
+        if not self.lock.acquire(timeout=max(0.0, timeout_s)):
+            raise AskTimeoutError(f"the LLM stayed busy (curating, or answering others) for {timeout_s:.1f}s")
+        try:
+            yield self
+        finally:
+            self.lock.release()
+
+    def shutdown(self) -> None:
+        with self.lock:
+            if self._inner is not None and hasattr(self._inner, "close"):
+                self._inner.close()
+            self._inner = None
+
+
+class ServiceState:
+    """What one ``hybridmem serve`` process holds (see the module docstring)."""
+
+    def __init__(
+        self,
+        db: Path,
+        config: Config,
+        *,
+        embedder: Embedder | None = None,
+        llm: StructuredLLM | None = None,
+        start_worker: bool = True,
+    ):
+        self.db = Path(db)
+        self.config = config
+        self.start_worker = start_worker
+        self._given_embedder = embedder
+        # A given LLM belongs to the caller (tests share one); one built here is closed here.
+        self._owns_llm = llm is None
+        self.llm = SerializedLLM((lambda: llm) if llm is not None else self._build_llm)
+        self.embedder: SerializedEmbedder | None = None
+        self.keys: KeyRing
+        self.worker: CurationWorker
+        self._memory: HybridMemory | None = None
+        self._memory_lock = threading.RLock()
+        self._keys_store: MemoryStore | None = None
+        self._ask_pool: ThreadPoolExecutor | None = None
+
+    def _build_llm(self) -> StructuredLLM:
+        from hybridmem_local.llm import build_llm
+
+        # The same call cache beside the store that HybridMemory.llm uses.
+        return build_llm(self.config.llm, cache_path=Path(str(self.db) + ".llm_cache.sqlite"))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Load the embedder, open the stores and start the curation worker."""
+        if self._memory is not None:
+            return
+        started = time.perf_counter()
+        self.embedder = SerializedEmbedder(self._given_embedder or build_embedder(self.config.embedder))
+        busy_ms = self.config.store.busy_timeout_ms
+        self._memory = HybridMemory(MemoryStore(self.db, busy_timeout_ms=busy_ms), self.config, self.embedder, self.llm)
+        self._keys_store = MemoryStore(self.db, busy_timeout_ms=busy_ms)
+        self.keys = KeyRing(self._keys_store)
+        self.worker = CurationWorker(self.db, self.config, self.embedder, self.llm)
+        if self.start_worker:
+            self.worker.start()
+        self._ask_pool = ThreadPoolExecutor(max_workers=ASK_THREADS, thread_name_prefix="ask")
+        log.info("service state open on %s in %.1fs (worker %s)", self.db, time.perf_counter() - started,
+                 "started" if self.start_worker else "off")
+
+    def close(self) -> None:
+        """Stop the worker (its batch finishes within a few seconds or is abandoned, its sessions
+        left pending), save the indexes and close the stores."""
+        if self._memory is None:
+            return
+        worker_done = self.worker.close()
+        if self._ask_pool is not None:
+            self._ask_pool.shutdown(wait=False, cancel_futures=True)
+        with self._memory_lock:
+            self._memory.close()
+            self._memory = None
+        if self._keys_store is not None:
+            self._keys_store.close()
+        # An abandoned batch may still be inside the LLM: freeing the model under it could crash.
+        if worker_done and self._owns_llm:
+            self.llm.shutdown()
+
+    def __enter__(self) -> ServiceState:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def ready(self) -> bool:
+        """Store open, embedder loaded and (unless it is off) the worker thread alive."""
+        return self._memory is not None and self.embedder is not None and (not self.start_worker or self.worker.alive)
+
+    # ------------------------------------------------------------------ requests
+
+    @contextmanager
+    def memory(self) -> Iterator[HybridMemory]:
+        """The request-side HybridMemory, to this thread alone while the block runs."""
+        with self._memory_lock:
+            if self._memory is None:
+                raise RuntimeError("the service state is not open")
+            yield self._memory
+
+    def enqueue(self, sessions: Sequence[Session]) -> list[SessionRecord]:
+        """Store sessions raw as ``pending`` in one transaction (all or none) and wake the worker.
+
+        Raises QueueFullError (nothing stored) when the pending sessions of all namespaces would
+        exceed ``service.max_pending_sessions``, and DuplicateSessionError (nothing stored) when a
+        session id is already stored in its namespace.
+        """
+        if not sessions:
+            return []
+        limit = self.config.service.max_pending_sessions
+        with self.memory() as memory, memory.store.transaction():
+            # Counted inside the write transaction: no other writer can add pending rows meanwhile.
+            pending = memory.store.count_sessions("pending")
+            if pending + len(sessions) > limit:
+                raise QueueFullError(
+                    f"the curation queue holds {pending} sessions; adding {len(sessions)} would pass "
+                    f"service.max_pending_sessions={limit}"
+                )
+            for session in sessions:
+                memory.store.insert_session(session, curation_status="pending")
+        self.worker.wake()
+        return [SessionRecord(session=session, curation_status="pending") for session in sessions]
+
+    def answer(self, question: str, namespace: str, question_date: datetime | None, k: int | None) -> Answer:
+        """Search under the memory lock, then one LLM call outside it; AskTimeoutError when the
+        answer is not there within ``service.ask_timeout_s`` (waiting for the LLM included)."""
+        timeout_s = self.config.service.ask_timeout_s
+        deadline = time.monotonic() + timeout_s
+        with self.memory() as memory:
+            result = memory.search(question, namespace=namespace, k=k)
+        if self._ask_pool is None:
+            raise RuntimeError("the service state is not open")
+
+        def call_llm() -> Answer:
+            with self.llm.held(deadline - time.monotonic()) as llm:
+                return answer_from_context(
+                    llm, question, result, question_date,
+                    enable_thinking=self.config.llm.enable_thinking,
+                    context_budget=self.config.retrieval.context_budget,
+                )
+
+        # In a thread of its own, so the caller gets its 504 on time even when the model is
+        # mid-generation (which cannot be interrupted; its late answer is dropped).
+        future = self._ask_pool.submit(call_llm)
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeoutError:
+            raise AskTimeoutError(f"no answer within service.ask_timeout_s={timeout_s}s") from None

@@ -1,0 +1,225 @@
+"""The curation worker of ``hybridmem serve``: pending sessions in, memories out, off the request path.
+
+The queue is the store: a session added through the service is a ``pending`` row (raw turns
+committed before the client got its 202), so a crash or restart loses nothing; the next worker
+simply finds the rows again. Each round the worker takes up to ``curation.batch_sessions``
+pending sessions of *all* namespaces, oldest first, and curates them with one batched LLM call
+(many clients' sessions share a batch: what vLLM's continuous batching needs to pay off). Each
+session's memories and its ``curated`` status commit in one transaction, a failed session
+becomes ``curation_failed`` (raw turns kept, retried with ``hybridmem curate --retry-failed``),
+and a session another process curated meanwhile is skipped, never stored twice. Then scheduled
+consolidation (``consolidation.every_n_sessions``) runs for the namespaces the batch touched.
+
+The worker wakes on ``wake()`` (the service calls it after storing sessions) or every
+``service.worker_poll_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from hybridmem_local.config import Config
+from hybridmem_local.embedding import Embedder
+from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.memory import HybridMemory
+from hybridmem_local.schema import Session, utcnow
+from hybridmem_local.store import AlreadyCuratedError, MemoryStore, NotFoundError
+
+log = logging.getLogger(__name__)
+
+#: How long ``stop`` waits for the batch in flight. Its writes take milliseconds; only an LLM
+#: call (minutes on a CPU) outlasts this, and that batch is abandoned: its sessions stay pending.
+STOP_WAIT_S = 10.0
+
+
+class WorkerStopped(Exception):
+    """Raised out of an LLM call once ``stop`` gave up waiting: nothing of the batch is written.
+
+    Not an LLMError on purpose: the curator turns those into ``curation_failed`` sessions.
+    """
+
+
+class WorkerStatus(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    running: bool
+    #: Sessions waiting for curation, all namespaces.
+    pending: int
+    batches: int
+    sessions_curated: int
+    sessions_failed: int
+    #: Sessions found curated by another process when their turn came.
+    sessions_skipped: int
+    memories: int
+    consolidation_runs: int
+    last_batch_at: datetime | None
+    last_error: str | None
+
+
+class _StoppableLLM:
+    """The shared LLM as the worker sees it: once the worker is abandoned, a call raises
+    WorkerStopped instead of returning, so no result of an abandoned batch is ever written."""
+
+    def __init__(self, llm: StructuredLLM, abandoned: threading.Event):
+        self._llm = llm
+        self._abandoned = abandoned
+
+    @property
+    def model_id(self) -> str:
+        return self._llm.model_id
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        if self._abandoned.is_set():
+            raise WorkerStopped("the worker was stopped before this LLM call")
+        results = self._llm.generate(requests)
+        if self._abandoned.is_set():
+            raise WorkerStopped("the worker was stopped during this LLM call; its results are dropped")
+        return results
+
+    def count_tokens(self, text: str) -> int:
+        return self._llm.count_tokens(text)
+
+
+class CurationWorker:
+    """A thread curating pending sessions in batches; see the module docstring."""
+
+    def __init__(self, db: Path, config: Config, embedder: Embedder, llm: StructuredLLM):
+        self.config = config
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._abandoned = threading.Event()
+        busy_ms = config.store.busy_timeout_ms
+        self.memory = HybridMemory(MemoryStore(db, busy_timeout_ms=busy_ms), config, embedder, _StoppableLLM(llm, self._abandoned))
+        # status() is called from request threads; a connection of its own keeps its reads out
+        # of the worker's transactions.
+        self._status_store = MemoryStore(db, busy_timeout_ms=busy_ms)
+        self._status_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._batches = self._curated = self._failed = self._skipped = self._memories = self._runs = 0
+        self._last_batch_at: datetime | None = None
+        self._last_error: str | None = None
+
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the curation worker was started already")
+        self._thread = threading.Thread(target=self._run, name="curation-worker", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Look for pending sessions now instead of at the next poll."""
+        self._wake.set()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, wait_s: float = STOP_WAIT_S) -> bool:
+        """Stop after the batch in flight; True when the thread ended within ``wait_s``.
+
+        False means the batch was abandoned inside its LLM call: the thread ends when that call
+        returns, writing nothing, and the batch's sessions stay pending for the next start.
+        """
+        self._stop.set()
+        self._wake.set()
+        if self._thread is None:
+            return True
+        self._thread.join(wait_s)
+        if self._thread.is_alive():
+            self._abandoned.set()
+            log.warning("curation worker: the batch in flight did not finish within %.0fs; abandoned, "
+                        "its sessions stay pending", wait_s)
+            return False
+        return True
+
+    def close(self, wait_s: float = STOP_WAIT_S) -> bool:
+        """Stop, then close the worker's store (left open if an abandoned call may still return)."""
+        stopped = self.stop(wait_s)
+        if stopped:
+            self.memory.close()
+        with self._status_lock:
+            self._status_store.close()
+        return stopped
+
+    def status(self) -> WorkerStatus:
+        with self._status_lock:
+            pending = self._status_store.count_sessions("pending")
+        return WorkerStatus(
+            running=self.alive, pending=pending, batches=self._batches, sessions_curated=self._curated,
+            sessions_failed=self._failed, sessions_skipped=self._skipped, memories=self._memories,
+            consolidation_runs=self._runs, last_batch_at=self._last_batch_at, last_error=self._last_error,
+        )
+
+    # ------------------------------------------------------------------ work
+
+    def _run(self) -> None:
+        poll_s = self.config.service.worker_poll_s
+        while not self._stop.is_set():
+            try:
+                worked = self.run_once()
+            except WorkerStopped:
+                return
+            except Exception as exc:  # noqa: BLE001 - e.g. the store is locked past its timeout: retry later
+                log.exception("curation worker: cannot read the queue")
+                self._last_error = f"{type(exc).__name__}: {exc}"
+                worked = False
+            if not worked:
+                self._wake.wait(poll_s)
+                self._wake.clear()
+
+    def run_once(self) -> bool:
+        """Curate one batch; False when nothing was pending or the batch failed as a whole
+        (the loop then waits a poll before the next round)."""
+        store = self.memory.store
+        records = store.sessions_to_curate(["pending"], limit=self.config.curation.batch_sessions)
+        if not records:
+            return False
+        sessions = [r.session for r in records]
+        try:
+            report = self.memory.curate_stored(sessions)
+        except WorkerStopped:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the sessions must not loop forever
+            self._fail_batch(sessions, exc)
+            return False
+        self._batches += 1
+        self._curated += report.curated
+        self._failed += report.failed
+        self._skipped += report.skipped
+        self._memories += report.memories
+        self._runs += len(report.consolidation_runs)
+        self._last_batch_at = utcnow()
+        log.info(
+            "curation worker: batch of %d session(s) from %d namespace(s): %d curated, %d failed, %d memories, "
+            "%d LLM requests in %.1fs of model time", len(sessions), len({s.namespace for s in sessions}),
+            report.curated, report.failed, report.memories, report.llm_calls, report.llm_seconds,
+        )
+        return True
+
+    def _fail_batch(self, sessions: Sequence[Session], exc: Exception) -> None:
+        """An error outside the curator's own handling (the LLM cannot be built, the disk is
+        full...): the batch's sessions still pending become ``curation_failed`` with it, so the
+        worker moves on instead of retrying them forever; their raw turns stay."""
+        error = f"{type(exc).__name__}: {exc}"
+        log.exception("curation worker: batch of %d session(s) failed", len(sessions))
+        self._last_error = error
+        for session in sessions:
+            try:
+                if self.memory.store.get_session(session.namespace, session.session_id).curation_status != "pending":
+                    continue  # stored before the error, or curated by another process
+                self.memory.store.set_curation_status(
+                    session.namespace, session.session_id, "curation_failed", error, require_uncurated=True
+                )
+                self._failed += 1
+            except (AlreadyCuratedError, NotFoundError):  # curated meanwhile, or its namespace forgotten
+                continue
+            except Exception:  # noqa: BLE001 - the store itself fails: the next round tries again
+                log.exception("curation worker: cannot mark session %s failed", session.session_id)
+                return
