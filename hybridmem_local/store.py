@@ -16,6 +16,7 @@ this file. Design choices:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -233,7 +234,11 @@ class MemoryStore:
             try:
                 os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
             except FileExistsError:
-                pass
+                # Without opening it, still refuse a store this process cannot write, naming the
+                # file, rather than fail at the first write.
+                if not os.access(self.path, os.W_OK):
+                    code = errno.EROFS if os.statvfs(self.path).f_flag & os.ST_RDONLY else errno.EACCES
+                    raise OSError(code, os.strerror(code), str(self.path)) from None
         try:
             self.conn = sqlite3.connect(
                 str(path), timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False

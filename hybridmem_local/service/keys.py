@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
 from datetime import datetime
 from enum import Enum
 
@@ -103,6 +104,9 @@ class KeyRing:
 
     def __init__(self, store: MemoryStore):
         self.store = store
+        # Request threads share this store's one connection: two threads on it would share (or
+        # collide on) one transaction, so every use of it is serialized.
+        self._lock = threading.Lock()
 
     def create(self, namespaces: list[str], role: Role | str, label: str | None = None) -> tuple[ApiKey, str]:
         """A new key and its full token (``hm_<key_id>_<secret>``): the only time the secret is seen."""
@@ -111,19 +115,22 @@ class KeyRing:
         salt = secrets.token_bytes(16)
         while True:  # 2^32 ids: a clash is rare but must not overwrite or fail
             key_id = secrets.token_hex(4)
-            if self.store.get_api_key(key_id) is None:
-                break
+            with self._lock:
+                if self.store.get_api_key(key_id) is None:
+                    break
         row = ApiKeyRow(
             key_id=key_id, salt=salt, key_hash=_hash(salt, secret), role=request.role.value,
             namespaces=request.namespaces, label=request.label, created_at=utcnow(), revoked_at=None,
         )
-        self.store.insert_api_key(row)
+        with self._lock:
+            self.store.insert_api_key(row)
         return _public(row), f"hm_{key_id}_{secret}"
 
     def authenticate(self, token: str) -> ApiKey | None:
         """The key ``token`` names if its secret matches and it is not revoked, else None."""
         match = KEY_PATTERN.match(token)
-        row = self.store.get_api_key(match.group(1)) if match else None
+        with self._lock:
+            row = self.store.get_api_key(match.group(1)) if match else None
         salt, expected = (row.salt, row.key_hash) if row is not None else (_DUMMY_SALT, _DUMMY_HASH)
         secret = match.group(2) if match else token
         matches = hmac.compare_digest(_hash(salt, secret), expected)
@@ -132,13 +139,18 @@ class KeyRing:
         return _public(row)
 
     def get(self, key_id: str) -> ApiKey:
-        row = self.store.get_api_key(key_id)
+        with self._lock:
+            row = self.store.get_api_key(key_id)
         if row is None:
             raise NotFoundError(f"no API key with id {key_id!r}")
         return _public(row)
 
     def list(self) -> list[ApiKey]:
-        return [_public(row) for row in self.store.list_api_keys()]
+        with self._lock:
+            rows = self.store.list_api_keys()
+        return [_public(row) for row in rows]
 
     def revoke(self, key_id: str) -> ApiKey:
-        return _public(self.store.revoke_api_key(key_id))
+        with self._lock:
+            row = self.store.revoke_api_key(key_id)
+        return _public(row)
