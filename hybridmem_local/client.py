@@ -28,11 +28,11 @@ from __future__ import annotations
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Iterable
+from typing import Any, Iterable
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from hybridmem_local.answering import Answer
 from hybridmem_local.consolidation import ConsolidationReport, UndoReport
@@ -48,13 +48,14 @@ from hybridmem_local.schema import (
     TupleDraft,
     check_namespace,
 )
+from hybridmem_local.service.models import MAX_PAGE, MemoryOut
 from hybridmem_local.service.state import AskTimeoutError, QueueFullError
 from hybridmem_local.store import Event, NotFoundError, SessionRecord
 
-#: The server's largest page of ``GET .../memories``: ``list`` without a limit pages through at this size.
-PAGE_SIZE = 1000
+#: ``list`` without a limit pages through at the server's largest page.
+PAGE_SIZE = MAX_PAGE
 
-_MEMORY = TypeAdapter(Annotated[Episode | RelationalTuple, Field(discriminator="kind")])
+_MEMORY = TypeAdapter(MemoryOut)
 _EVENTS = TypeAdapter(list[Event])
 
 
@@ -120,7 +121,7 @@ class _MemoriesAdded(BaseModel):
 class _MemoryPage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    items: list[Annotated[Episode | RelationalTuple, Field(discriminator="kind")]]
+    items: list[MemoryOut]
     next_offset: int | None
 
 

@@ -527,7 +527,7 @@ class HybridMemory:
         return len(records)
 
     def export_records(self, namespace: str) -> list[str]:
-        """The export's JSONL lines (each ending in a newline), read at one point in time."""
+        """The export's JSONL lines, each ending in a newline: sessions, then memories of any status."""
         check_namespace(namespace)
         if namespace not in self.store.namespaces():
             raise NotFoundError(f"namespace {namespace!r} does not exist")

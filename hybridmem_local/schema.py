@@ -48,14 +48,16 @@ class MemoryStatus(str, Enum):
     deleted = "deleted"
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """Unknown fields are errors, at every boundary (LLM replies, API bodies, files)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
 # --------------------------------------------------------------------------- raw sessions
 
 
-class Turn(_Strict):
+class Turn(StrictModel):
     """One utterance of a session.
 
     ``turn_id`` is unique within a namespace (LoCoMo's ``D3:7`` already is), so a memory's
@@ -82,7 +84,7 @@ class Turn(_Strict):
         return line
 
 
-class Session(_Strict):
+class Session(StrictModel):
     session_id: str = Field(min_length=1, max_length=200)
     namespace: str = "default"
     started_at: AwareDatetime
@@ -110,7 +112,7 @@ def _check_timestamp(value: str) -> str:
     return value
 
 
-class EpisodeDraft(_Strict):
+class EpisodeDraft(StrictModel):
     """An episodic record as the curation LLM writes it (no ids yet)."""
 
     title: str = Field(min_length=1)
@@ -122,7 +124,7 @@ class EpisodeDraft(_Strict):
     _ts = field_validator("timestamp")(classmethod(lambda cls, v: _check_timestamp(v)))
 
 
-class TupleDraft(_Strict):
+class TupleDraft(StrictModel):
     """A relational tuple as the curation LLM writes it (no ids yet)."""
 
     entity: str = Field(min_length=1)
@@ -135,7 +137,7 @@ class TupleDraft(_Strict):
     _ts = field_validator("timestamp")(classmethod(lambda cls, v: _check_timestamp(v)))
 
 
-class CurationResult(_Strict):
+class CurationResult(StrictModel):
     episodes: list[EpisodeDraft] = Field(default_factory=list)
     tuples: list[TupleDraft] = Field(default_factory=list)
 
@@ -143,7 +145,7 @@ class CurationResult(_Strict):
 # --------------------------------------------------------------------------- stored memories
 
 
-class _StoredMemory(_Strict):
+class _StoredMemory(StrictModel):
     id: int | None = None
     namespace: str = "default"
     source_session_id: str | None = None
@@ -184,7 +186,7 @@ Memory = Episode | RelationalTuple
 # --------------------------------------------------------------------------- evidence windows
 
 
-class EvidenceWindow(_Strict):
+class EvidenceWindow(StrictModel):
     """Consecutive raw turns of one session, searched as one text (see ``windows.py``)."""
 
     #: The turns-table key of the window's first turn (its hnswlib and BM25 label).
@@ -216,17 +218,17 @@ def turn_line(turn: Turn) -> str:
 # --------------------------------------------------------------------------- search results
 
 
-class Hit(_Strict):
+class Hit(StrictModel):
     memory: Episode | RelationalTuple = Field(discriminator="kind")
     score: float
 
 
-class WindowHit(_Strict):
+class WindowHit(StrictModel):
     window: EvidenceWindow
     score: float
 
 
-class SearchResult(_Strict):
+class SearchResult(StrictModel):
     query: str
     namespace: str
     episodes: list[Hit] = Field(default_factory=list)

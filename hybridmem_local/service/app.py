@@ -22,7 +22,7 @@ from typing import Annotated, Any, Callable, Literal
 import anyio
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
 from hybridmem_local.answering import Answer
 from hybridmem_local.consolidation import ConsolidationError, ConsolidationReport, UndoReport
@@ -35,6 +35,7 @@ from hybridmem_local.schema import (
     RelationalTuple,
     SearchResult,
     Session,
+    StrictModel,
     Turn,
     TupleDraft,
     check_namespace,
@@ -46,6 +47,15 @@ from hybridmem_local.service.errors import (
     error_response,
     install_error_handlers,
 )
+from hybridmem_local.service.models import (
+    MAX_BATCH,
+    MAX_K,
+    MAX_PAGE,
+    MAX_QUERY_CHARS,
+    MemoriesAdded,
+    MemoryOut,
+    MemoryPage,
+)
 from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, KeyRequest, Role
 from hybridmem_local.service.limits import BodyTooLarge, RateLimiter, read_body, retry_after_header
 from hybridmem_local.service.state import AskTimeoutError, QueueFullError, ServiceState
@@ -56,29 +66,14 @@ from hybridmem_local import __version__
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("hybridmem_local.service.access")
 
-#: Largest ``k`` a search or ask may ask for (2k tuples come with it); beyond it answers 422.
-MAX_K = 100
-#: Largest page of ``GET .../memories``.
-MAX_PAGE = 1000
-#: Sessions one batch request may carry (the pending-queue bound applies on top).
-MAX_BATCH = 100
-#: Longest query or question accepted.
-MAX_QUERY_CHARS = 10_000
-
 #: The key every request acts with under ``--no-auth`` (loopback only): an admin of everything.
 NO_AUTH_KEY = ApiKey(key_id="no-auth", role=Role.admin, namespaces=[ALL_NAMESPACES], created_at=datetime(2000, 1, 1))
-
-MemoryOut = Annotated[Episode | RelationalTuple, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- request / response models
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SessionIn(_Strict):
+class SessionIn(StrictModel):
     """A session to add; its namespace is the one in the path."""
 
     session_id: str = Field(min_length=1, max_length=200)
@@ -89,11 +84,11 @@ class SessionIn(_Strict):
         return Session(namespace=namespace, session_id=self.session_id, started_at=self.started_at, turns=self.turns)
 
 
-class SessionBatchIn(_Strict):
+class SessionBatchIn(StrictModel):
     sessions: list[SessionIn] = Field(min_length=1, max_length=MAX_BATCH)
 
 
-class SessionAccepted(_Strict):
+class SessionAccepted(StrictModel):
     namespace: str
     session_id: str
     curation_status: str
@@ -101,7 +96,7 @@ class SessionAccepted(_Strict):
     status_url: str
 
 
-class MemoriesIn(_Strict):
+class MemoriesIn(StrictModel):
     episodes: list[EpisodeDraft] = Field(default_factory=list)
     tuples: list[TupleDraft] = Field(default_factory=list)
 
@@ -112,60 +107,46 @@ class MemoriesIn(_Strict):
         return self
 
 
-class MemoriesAdded(_Strict):
-    namespace: str
-    ids: list[int]
-
-
-class SearchIn(_Strict):
+class SearchIn(StrictModel):
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
     k: int | None = Field(default=None, ge=1, le=MAX_K, description="episodes to return (tuples: 2k); default from config")
 
 
-class AskIn(_Strict):
+class AskIn(StrictModel):
     question: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
     question_date: AwareDatetime | None = Field(default=None, description="when the question is asked (for relative dates)")
     k: int | None = Field(default=None, ge=1, le=MAX_K)
 
 
-class ListQuery(_Strict):
+class ListQuery(StrictModel):
     kind: MemoryKind | None = None
     status: Literal["active", "superseded", "deleted", "any"] = "active"
     limit: int = Field(default=100, ge=1, le=MAX_PAGE)
     offset: int = Field(default=0, ge=0)
 
 
-class MemoryPage(_Strict):
-    namespace: str
-    items: list[MemoryOut]
-    limit: int
-    offset: int
-    #: The offset of the next page, or None on the last one.
-    next_offset: int | None
-
-
-class ConsolidateIn(_Strict):
+class ConsolidateIn(StrictModel):
     dry_run: bool = False
 
 
-class ForgetReport(_Strict):
+class ForgetReport(StrictModel):
     namespace: str
     #: Rows, files and cache entries removed, by kind.
     removed: dict[str, int]
 
 
-class KeyCreated(_Strict):
+class KeyCreated(StrictModel):
     key: ApiKey
     #: The full key for ``Authorization: Bearer``; shown this once, never stored.
     token: str
 
 
-class Health(_Strict):
+class Health(StrictModel):
     status: Literal["ok"] = "ok"
     version: str
 
 
-class Readiness(_Strict):
+class Readiness(StrictModel):
     ready: bool
     worker: WorkerStatus
 

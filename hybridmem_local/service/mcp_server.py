@@ -30,33 +30,31 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, Field
 from starlette.routing import Route
 
 from hybridmem_local import __version__
 from hybridmem_local.answering import Answer
 from hybridmem_local.schema import (
-    Episode,
     EpisodeDraft,
     MemoryKind,
     MemoryStatus,
-    RelationalTuple,
     SearchResult,
     Session,
+    StrictModel,
     Turn,
     TupleDraft,
     check_namespace,
 )
+from hybridmem_local.service.models import MAX_K, MAX_QUERY_CHARS, MemoriesAdded, MemoryOut, MemoryPage
 from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, Role
 from hybridmem_local.service.state import AskTimeoutError, QueueFullError, ServiceState
 from hybridmem_local.store import NotFoundError, StoreError
 
 #: Where ``hybridmem serve`` answers MCP.
 MCP_PATH = "/mcp"
-#: The same bounds as the HTTP API's search / ask / list.
-MAX_K = 100
-MAX_QUERY_CHARS = 10_000
-MAX_PAGE = 200
+#: Largest page ``list_memories`` returns: smaller than the HTTP API's, since it lands in an agent's context.
+MAX_TOOL_PAGE = 200
 
 INSTRUCTIONS = (
     "Long-term memory of past conversations with this user (or agent). Call `search` before answering "
@@ -65,7 +63,6 @@ INSTRUCTIONS = (
     "remember something now. Memories carry the ids of the turns they came from."
 )
 
-MemoryOut = Annotated[Episode | RelationalTuple, Field(discriminator="kind")]
 NamespaceArg = Annotated[
     str | None,
     Field(
@@ -78,32 +75,14 @@ NamespaceArg = Annotated[
 # --------------------------------------------------------------------------- tool outputs
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SessionQueued(_Strict):
+class SessionQueued(StrictModel):
     namespace: str
     session_id: str
     #: ``pending`` until the curation worker has turned the turns into memories.
     curation_status: str
 
 
-class MemoriesAdded(_Strict):
-    namespace: str
-    ids: list[int]
-
-
-class MemoryPage(_Strict):
-    namespace: str
-    items: list[MemoryOut]
-    limit: int
-    offset: int
-    #: The offset of the next page, or None on the last one.
-    next_offset: int | None
-
-
-class DeletedMemory(_Strict):
+class DeletedMemory(StrictModel):
     #: The memory as it is now (status ``deleted``).
     memory: MemoryOut
 
@@ -282,7 +261,7 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
         ctx: Context,
         kind: Annotated[MemoryKind | None, Field(description="'episode' or 'tuple'; both when left out.")] = None,
         status: Annotated[Literal["active", "superseded", "deleted", "any"], Field(description="Which memories; 'any' for all.")] = "active",
-        limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = 50,
+        limit: Annotated[int, Field(ge=1, le=MAX_TOOL_PAGE)] = 50,
         offset: Annotated[int, Field(ge=0, description="Where the page starts: next_offset of the previous page.")] = 0,
         namespace: NamespaceArg = None,
     ) -> MemoryPage:
