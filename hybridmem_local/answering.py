@@ -4,8 +4,9 @@
     answer = answer_from_context(llm, question, result, question_date=when_asked)
     answer.answer, [m.source_turn_ids for m in answer.cited]
 
-Exactly one LLM call per question (fixed top-k retrieval needs no query-time LLM step). The
-memories are shown with short ids (``E1``, ``T3``; ``retrieval.format_context``); the model
+Exactly one LLM request per question (fixed top-k retrieval needs no query-time LLM step);
+:func:`answer_many` sends the requests of many questions as one batched call (the facade's
+``HybridMemory.answer_many``, the evaluation runner). The memories are shown with short ids (``E1``, ``T3``; ``retrieval.format_context``); the model
 cites them, and citations of ids that were not shown are dropped and counted, never trusted.
 """
 
@@ -13,13 +14,14 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import load_prompt
 from hybridmem_local.retrieval import RenderedContext, format_context
-from hybridmem_local.schema import Episode, RelationalTuple, SearchResult
+from hybridmem_local.schema import Episode, RelationalTuple, SearchResult, clean_cited_id
 
 #: Room for a few-word answer and its citations; a thinking model gets the backend default
 #: (``LLMConfig.max_new_tokens``) because its reasoning comes first.
@@ -49,11 +51,16 @@ class Answer(BaseModel):
     answer: str
     #: The cited memories, each with its ``source_turn_ids`` (the provenance of the answer).
     cited: list[Episode | RelationalTuple] = Field(default_factory=list)
+    #: The short ids the model cited, as it wrote them.
+    citations: list[str] = Field(default_factory=list)
+    #: The memory ids behind the valid citations, in citation order, without repeats.
+    cited_memory_ids: list[int] = Field(default_factory=list)
     #: Cited short ids that named no memory in the context (dropped).
     invalid_citations: list[str] = Field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    #: Wall-clock seconds of the LLM call (near zero when the call cache answered).
+    #: Seconds of the LLM call (near zero when the call cache answered): wall-clock for
+    #: :func:`answer_from_context`, the backend's per-request figure for :func:`answer_many`.
     latency_s: float = 0.0
     #: The memory block the model was shown.
     context_text: str
@@ -94,10 +101,6 @@ def build_answer_request(
     )
 
 
-def _short_id(raw: str) -> str:
-    return raw.strip().strip("[]").strip().upper()
-
-
 def answer_from_context(
     llm: StructuredLLM,
     question: str,
@@ -109,44 +112,95 @@ def answer_from_context(
     """Answer ``question`` from the memories of ``search_result`` with one LLM call.
 
     ``context_budget`` (tokens of this LLM's tokenizer) switches from the fixed k / 2k
-    selection to filling the context in fused rank order.
+    selection to filling the context in fused rank order. A backend that cannot be reached
+    gives an :class:`Answer` with ``error`` set rather than an exception.
     """
-    context = format_context(search_result, budget=context_budget, count_tokens=llm.count_tokens if context_budget else None)
-    request = build_answer_request(question, context, question_date, enable_thinking)
-    request = request.model_copy(update={"tag": search_result.namespace})
     start = time.perf_counter()
     try:
-        [result] = llm.generate([request])
+        [answer] = answer_many(
+            llm, [question], [search_result], [question_date], enable_thinking=enable_thinking, context_budget=context_budget
+        )
     except LLMError as exc:
-        result = LLMResult(error=f"LLM backend failed: {exc}")
-    latency = time.perf_counter() - start
+        context = _render(search_result, llm, context_budget)
+        answer = _answer(question, context, search_result, LLMResult(error=f"LLM backend failed: {exc}"), _prompt_version())
+    return answer.model_copy(update={"latency_s": time.perf_counter() - start})
+
+
+def answer_many(
+    llm: StructuredLLM,
+    questions: Sequence[str],
+    contexts: Sequence[SearchResult | RenderedContext],
+    question_dates: Sequence[datetime | None] | None = None,
+    *,
+    enable_thinking: bool = False,
+    context_budget: int | None = None,
+    tag: str | None = None,
+) -> list[Answer]:
+    """Answer each question from its context, all in one batched LLM call (one request each).
+
+    A context is a :class:`SearchResult` (rendered here, ``context_budget`` as in
+    :func:`answer_from_context`; the answer's ``cited`` then holds the memories) or a block
+    already rendered (an evaluation system's; ``cited_memory_ids`` resolves its citations).
+    Requests are filed under ``tag`` for the call cache (default: the search result's
+    namespace). An :class:`~hybridmem_local.llm.base.LLMError` of the backend as a whole
+    propagates: nothing was answered, and a caller that keeps answers must not keep these.
+    """
+    dates = list(question_dates) if question_dates is not None else [None] * len(questions)
+    if not len(questions) == len(contexts) == len(dates):
+        raise ValueError(f"{len(questions)} questions, {len(contexts)} contexts and {len(dates)} question dates")
+    rendered = [c if isinstance(c, RenderedContext) else _render(c, llm, context_budget) for c in contexts]
+    requests = [
+        build_answer_request(question, context, date, enable_thinking).model_copy(
+            update={"tag": tag if tag is not None else getattr(source, "namespace", None)}
+        )
+        for question, context, date, source in zip(questions, rendered, dates, contexts)
+    ]
+    results = llm.generate(requests) if requests else []
+    return [
+        _answer(question, context, source if isinstance(source, SearchResult) else None, result, request.prompt_version)
+        for question, context, source, result, request in zip(questions, rendered, contexts, results, requests, strict=True)
+    ]
+
+
+def _render(search_result: SearchResult, llm: StructuredLLM, context_budget: int | None) -> RenderedContext:
+    return format_context(search_result, budget=context_budget, count_tokens=llm.count_tokens if context_budget else None)
+
+
+def _prompt_version() -> str:
+    return load_prompt("answer").version
+
+
+def _answer(
+    question: str, context: RenderedContext, search_result: SearchResult | None, result: LLMResult, prompt_version: str
+) -> Answer:
     draft = result.parsed if result.ok and isinstance(result.parsed, AnswerDraft) else None
-    cited, invalid = _resolve_citations(draft.cited_memory_ids if draft else [], context, search_result)
+    citations = draft.cited_memory_ids if draft else []
+    cited_ids, invalid = _resolve_citations(citations, context)
+    memories = {m.id: m for m in search_result.memories()} if search_result is not None else {}
     return Answer(
         question=question,
         answer=draft.answer.strip() if draft else "",
-        cited=cited,
+        cited=[memories[i] for i in cited_ids if i in memories],
+        citations=citations,
+        cited_memory_ids=cited_ids,
         invalid_citations=invalid,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
-        latency_s=latency,
+        latency_s=result.latency_s,
         context_text=context.text,
-        prompt_version=request.prompt_version,
+        prompt_version=prompt_version,
         error=None if draft else (result.error or "reply is not an AnswerDraft"),
     )
 
 
-def _resolve_citations(
-    short_ids: list[str], context: RenderedContext, search_result: SearchResult
-) -> tuple[list[Episode | RelationalTuple], list[str]]:
-    """The memories behind the cited short ids (in citation order) and the ids that name none."""
-    memories = {m.id: m for m in search_result.memories()}
-    cited: dict[int, Episode | RelationalTuple] = {}
+def _resolve_citations(citations: list[str], context: RenderedContext) -> tuple[list[int], list[str]]:
+    """The memory ids behind the cited short ids (citation order, no repeats) and the ids that name none."""
+    cited: list[int] = []
     invalid: list[str] = []
-    for raw in short_ids:
-        memory_id = context.short_ids.get(_short_id(raw))
-        if memory_id in memories:
-            cited.setdefault(memory_id, memories[memory_id])
-        else:
+    for raw in citations:
+        memory_id = context.short_ids.get(clean_cited_id(raw).upper())
+        if memory_id is None:
             invalid.append(raw)
-    return list(cited.values()), invalid
+        elif memory_id not in cited:
+            cited.append(memory_id)
+    return cited, invalid

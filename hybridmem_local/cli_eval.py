@@ -14,23 +14,19 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-import yaml
-from rich.console import Console
 
+from hybridmem_local.cli_common import CONFIG_OPTION, JSON_OPTION, SET_OPTION, console, parse_overrides, print_json
 from hybridmem_local.cli_errors import err, fail, reported
 from hybridmem_local.config import ConfigError, load_config
 from hybridmem_local.eval import DatasetError
 from hybridmem_local.eval.systems import DEFAULT_RAG_BUDGET, SYSTEMS
 
 app = typer.Typer(help="Evaluate on LoCoMo / LongMemEval and report.", no_args_is_help=True, add_completion=False)
-console = Console()
 
 ALL_SYSTEMS = ",".join(SYSTEMS)
 
 DATA = typer.Option(..., "--data", help="Benchmark file (official JSON format).")
 OUT = typer.Option(..., "--out", help="Results folder (created; a rerun resumes it).")
-CONFIG = typer.Option(None, "--config", "-c", envvar="HYBRIDMEM_CONFIG", help="YAML config (default: built-in paper defaults).")
-SET = typer.Option(None, "--set", help="Config override KEY=VALUE (dotted key, YAML value), repeatable.")
 SYSTEMS_OPTION = typer.Option(ALL_SYSTEMS, "--systems", help=f"Comma-separated, from: {ALL_SYSTEMS}.")
 LIMIT = typer.Option(None, "--limit", min=1, help="Questions per conversation (LongMemEval: instances).")
 MAX_SESSIONS = typer.Option(None, "--max-sessions", min=1, help="Ingest only the first N sessions of each conversation.")
@@ -58,27 +54,21 @@ def _names(value: Optional[str]) -> list[str] | None:
     return None if value is None else [part.strip() for part in value.split(",") if part.strip()]
 
 
-def _overrides(pairs: Optional[list[str]]) -> dict:
-    overrides = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
-        overrides[key.strip()] = yaml.safe_load(value)
-    return overrides
-
-
 def _run(benchmark: str, **kwargs) -> None:
-    from hybridmem_local.eval.runner import RunOptions, run_evaluation
+    from hybridmem_local.eval.options import RunOptions
+    from hybridmem_local.eval.runner import run_evaluation
     from hybridmem_local.eval.report import SUMMARY_MD
     from hybridmem_local.model_registry import ModelRegistryError
 
-    config_path, overrides = kwargs.pop("config"), kwargs.pop("overrides")
+    config_path, overrides, as_json = kwargs.pop("config"), kwargs.pop("overrides"), kwargs.pop("as_json")
     # pydantic's ValidationError (bad options) is a ValueError.
     with reported(ConfigError, DatasetError, ModelRegistryError, ValueError, FileNotFoundError):
         config = load_config(config_path, overrides)
         options = RunOptions(benchmark=benchmark, command=sys.argv, **kwargs)
         result = run_evaluation(options, config, console=err)
+    if as_json:
+        print_json(result.summary)
+        return
     typer.echo((result.out / SUMMARY_MD).read_text(encoding="utf-8"))  # Markdown as is, not rewrapped
     console.print(
         f"{result.new_records} new records ({result.resumed_records} already done), "
@@ -90,8 +80,8 @@ def _run(benchmark: str, **kwargs) -> None:
 def locomo(
     data: Path = DATA,
     out: Path = OUT,
-    config: Optional[Path] = CONFIG,
-    set_: Optional[list[str]] = SET,
+    config: Optional[Path] = CONFIG_OPTION,
+    set_: Optional[list[str]] = SET_OPTION,
     systems: str = SYSTEMS_OPTION,
     conversations: Optional[str] = typer.Option(None, "--conversations", help="Sample ids, e.g. conv-26,conv-30 (default: all)."),
     limit: Optional[int] = LIMIT,
@@ -106,14 +96,15 @@ def locomo(
     batch_size: int = BATCH,
     stores: Optional[Path] = STORES,
     llm_cache: Optional[Path] = CACHE,
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Run the LoCoMo protocol: curate, answer, judge, report (paper Table 1, appendix D, §5)."""
     _run(
-        "locomo", data=data, out=out, config=config, overrides=_overrides(set_), systems=_names(systems),
+        "locomo", data=data, out=out, config=config, overrides=parse_overrides(set_), systems=_names(systems),
         conversations=_names(conversations), limit=limit, max_sessions=max_sessions, retrieval_only=retrieval_only,
         retry_failed=retry_failed, ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), include_adversarial=include_adversarial,
         rag_budget=context_budget, recall_ks=_ints(recall_k, "--recall-k"), batch_size=batch_size,
-        stores=stores, llm_cache=llm_cache,
+        stores=stores, llm_cache=llm_cache, as_json=as_json,
     )
 
 
@@ -121,8 +112,8 @@ def locomo(
 def longmemeval(
     data: Path = DATA,
     out: Path = OUT,
-    config: Optional[Path] = CONFIG,
-    set_: Optional[list[str]] = SET,
+    config: Optional[Path] = CONFIG_OPTION,
+    set_: Optional[list[str]] = SET_OPTION,
     systems: str = SYSTEMS_OPTION,
     questions: Optional[str] = typer.Option(None, "--questions", help="Question ids (default: all)."),
     limit: Optional[int] = LIMIT,
@@ -136,13 +127,15 @@ def longmemeval(
     batch_size: int = BATCH,
     stores: Optional[Path] = STORES,
     llm_cache: Optional[Path] = CACHE,
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Run LongMemEval (one store per question's history; per-type judge prompts; session recall)."""
     _run(
-        "longmemeval", data=data, out=out, config=config, overrides=_overrides(set_), systems=_names(systems),
+        "longmemeval", data=data, out=out, config=config, overrides=parse_overrides(set_), systems=_names(systems),
         conversations=_names(questions), limit=limit, max_sessions=max_sessions, retrieval_only=retrieval_only,
         retry_failed=retry_failed, ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), rag_budget=context_budget,
         recall_ks=_ints(recall_k, "--recall-k"), batch_size=batch_size, stores=stores, llm_cache=llm_cache,
+        as_json=as_json,
     )
 
 

@@ -10,18 +10,17 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from hybridmem_local import model_registry
+from hybridmem_local.cli_common import JSON_OPTION, console, print_json
 from hybridmem_local.cli_errors import err, fail, reported
 from hybridmem_local.model_registry import ModelRegistryError, VerifyReport
 
 app = typer.Typer(
     help="Local model files: list, verify, download, bundle, install.", no_args_is_help=True, add_completion=False
 )
-console = Console()
 
 MODELS_DIR_OPTION = typer.Option(
     None,
@@ -86,9 +85,18 @@ def list_command(
     models_dir: Optional[Path] = MODELS_DIR_OPTION,
     manifest: Optional[Path] = MANIFEST_OPTION,
     verify: bool = typer.Option(False, "--verify", help="Hash every file (slow for multi-GB models)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Every model in the manifest: present? where? verified?"""
     rows = model_registry.list_models(models_dir, _manifest(manifest), hash_files=verify)
+    if as_json:
+        print_json([
+            {"name": row.entry.name, "role": row.entry.role, "present": row.resolved is not None,
+             "source": row.resolved.source if row.resolved else None,
+             "path": str(row.resolved.path) if row.resolved else None, "check": row.report}
+            for row in rows
+        ])
+        return
     table = Table(title="Models", title_justify="left")
     for column in ("name", "role", "present", "source", "check", "size", "path"):
         table.add_column(column, overflow="fold")
@@ -113,6 +121,7 @@ def verify(
     names: Optional[list[str]] = typer.Argument(None, help="Models to check (default: every present model)."),
     models_dir: Optional[Path] = MODELS_DIR_OPTION,
     manifest: Optional[Path] = MANIFEST_OPTION,
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Recompute each file's sha256 and compare with the manifest; exit 1 on any difference."""
     loaded = _manifest(manifest)
@@ -121,6 +130,7 @@ def verify(
         if not names:
             raise fail("no model from the manifest is present; see `hybridmem models list`")
     failed = False
+    reports = []
     for name in names:
         try:
             report = model_registry.verify(name, models_dir=models_dir, manifest=loaded, raise_on_failure=False)
@@ -128,8 +138,12 @@ def verify(
             err.print(f"[bold red]error:[/] {exc}")
             failed = True
             continue
-        _print_files(report)
+        reports.append(report)
+        if not as_json:
+            _print_files(report)
         failed = failed or bool(report.failures)
+    if as_json:
+        print_json(reports)
     if failed:
         raise typer.Exit(code=1)
 

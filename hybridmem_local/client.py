@@ -25,7 +25,6 @@ rate_limited with ``retry_after``, payload_too_large, not_ready, internal) raise
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
@@ -36,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from hybridmem_local.answering import Answer
 from hybridmem_local.consolidation import ConsolidationReport, UndoReport
+from hybridmem_local.files import owner_only_opener
 from hybridmem_local.memory import Stats
 from hybridmem_local.schema import (
     Episode,
@@ -255,7 +255,7 @@ class HybridMemoryClient:
             if response.is_error:
                 response.read()
                 raise _error(response)
-            with open(path, "w", encoding="utf-8", opener=_owner_only_opener) as out:
+            with open(path, "w", encoding="utf-8", opener=owner_only_opener) as out:
                 for line in response.iter_lines():
                     if line:
                         out.write(line + "\n")
@@ -273,7 +273,3 @@ def _error(response: httpx.Response) -> ServiceError:
     retry_after = response.headers.get("Retry-After")
     cls = _LIBRARY_ERRORS.get(code, ServiceError)
     return cls(code, message, response.status_code, float(retry_after) if retry_after and retry_after.isdigit() else None)
-
-
-def _owner_only_opener(path: str, flags: int) -> int:
-    return os.open(path, flags, 0o600)

@@ -1,10 +1,11 @@
-"""Offline consolidation (paper §3.2, appendix C): cluster similar memories, let the LLM merge or
-delete, apply in one transaction, undo exactly.
+"""Offline consolidation (paper §3.2, appendix C): cluster similar memories and let the LLM plan
+merges and deletions. This module plans and validates; ``HybridMemory`` applies, undoes and
+purges, on the store (it imports this module, never the other way round).
 
-    report = consolidate(memory, "alice", llm)              # cluster → plan → apply
+    report = memory.consolidate("alice")                    # plan_consolidation → apply
     console.print(report.table())
-    undo(memory, report.run_id)                             # back to the state before the run
-    purge(memory, "alice", older_than=timedelta(days=90))   # physically drop old non-active rows
+    memory.undo(report.run_id)                              # back to the state before the run
+    memory.purge("alice", older_than=timedelta(days=90))    # physically drop old non-active rows
 
 One run works on one namespace, on its active memories, each store (episodes, tuples) apart:
 
@@ -21,14 +22,15 @@ One run works on one namespace, on its active memories, each store (episodes, tu
    Plans that parse but break these rules are asked again once, in one more batch, with the
    error appended (replies that fail the schema were already retried by the LLM layer); a plan
    still invalid is skipped whole and listed in the report.
-4. **Apply** in one SQLite transaction: a ``consolidation_runs`` row, merged rows inserted with
-   ``action="merge"``, their sources marked ``superseded`` (``superseded_by`` → merged row),
+4. **Apply** (``HybridMemory.consolidate``) in one SQLite transaction: a ``consolidation_runs``
+   row, each merge through the same step as ``HybridMemory.update`` (merged row inserted with
+   ``action="merge"``, its sources marked ``superseded``, ``superseded_by`` → merged row),
    deletions marked ``deleted`` with the LLM's reason, an event per change carrying the run id,
    the namespace's session counter reset. A process killed at any point leaves the store as it
-   was before the run or as after it. Loaded indexes are updated after the commit.
+   was before the run or as after it. Indexes catch up on their next use.
 
-Nothing is physically removed by a run: :func:`undo` flips statuses back, and only
-:func:`purge` (or ``HybridMemory.forget``) deletes rows.
+Nothing is physically removed by a run: undo (checked by :func:`plan_undo`) flips
+statuses back, and only ``HybridMemory.purge`` (or ``forget``) deletes rows.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
 
 from hybridmem_local.clustering import Clusterer, make_clusterer
+from hybridmem_local.config import Config
 from hybridmem_local.llm.base import ChatMessage, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.replies import feedback_request
 from hybridmem_local.prompts import PromptTemplate, load_prompt
@@ -50,16 +53,16 @@ from hybridmem_local.schema import (
     Episode,
     EpisodeDraft,
     MemoryKind,
-    MemoryStatus,
     RelationalTuple,
     TupleDraft,
     check_namespace,
-    utcnow,
+    combine_provenance,
 )
-from hybridmem_local.store import MemoryStore, NotFoundError, text_hash
+from hybridmem_local.store import MemoryStore, NotFoundError
+from hybridmem_local.usage import LLMUsage
 
 if TYPE_CHECKING:
-    from hybridmem_local.memory import HybridMemory
+    from hybridmem_local.indexes import StoreIndexes
 
 log = logging.getLogger(__name__)
 
@@ -202,15 +205,13 @@ class Timings(_Model):
     apply_s: float = 0.0
 
 
-class LLMUsage(_Model):
+class ConsolidationUsage(LLMUsage):
+    """The run's LLM use (``usage.LLMUsage``), with the model and prompt that planned it."""
+
     model_id: str = ""
     prompt_version: str = ""
     #: ``generate`` calls: one for the first pass, one more when any plan needed a retry.
     batches: int = 0
-    requests: int = 0
-    cached: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
 
 
 class ConsolidationReport(_Model):
@@ -223,7 +224,7 @@ class ConsolidationReport(_Model):
     backend: str = ""
     stores: dict[MemoryKind, StoreReport] = Field(default_factory=dict)
     timings: Timings = Field(default_factory=Timings)
-    llm: LLMUsage = Field(default_factory=LLMUsage)
+    llm: ConsolidationUsage = Field(default_factory=ConsolidationUsage)
     #: Applied merges: merged row id → source ids (empty for a dry run).
     merged: dict[int, list[int]] = Field(default_factory=dict)
     #: Applied deletions: memory id → reason.
@@ -297,28 +298,39 @@ class PurgeReport(_Model):
 # --------------------------------------------------------------------------- public API
 
 
-def consolidate(
-    memory: HybridMemory,
+class UndoPlan(_Model):
+    """What undoing a run changes, checked against the store's current state."""
+
+    namespace: str
+    #: Sources and deleted memories → the row state (status, reason, pointer) to restore.
+    restore: dict[int, dict[str, Any]]
+    #: The run's merged rows, to be marked deleted.
+    merged_ids: list[int]
+
+
+def plan_consolidation(
+    indexes: StoreIndexes,
     namespace: str,
     llm: StructuredLLM,
+    config: Config,
     clusterer: Clusterer | None = None,
-    dry_run: bool = False,
     clusters: Mapping[MemoryKind, Sequence[Sequence[int]]] | None = None,
 ) -> ConsolidationReport:
-    """Cluster, plan and (unless ``dry_run``) apply one consolidation run over ``namespace``.
+    """Cluster, plan and validate one consolidation run over ``namespace``; changes no memory.
 
-    ``clusterer`` defaults to the one ``config.consolidation.backend`` names. ``clusters`` skips
-    embedding and clustering: memory ids grouped per store (replays, tests). A dry run returns
-    the clusters and the plan and changes no memory, event, run or counter (it may fill the
-    embedding cache, which the real run would fill anyway).
+    The report (``dry_run``, with ``plan`` set) counts what applying the plan would do;
+    ``HybridMemory.consolidate`` applies it. ``clusterer`` defaults to the one
+    ``config.consolidation.backend`` names. ``clusters`` skips embedding and clustering: memory
+    ids grouped per store (replays, tests). Embedding may fill the store's embedding cache
+    (which applying would fill anyway).
     """
     check_namespace(namespace)
-    store = memory.store
+    store = indexes.store
     if namespace not in store.namespaces():
         raise NotFoundError(f"namespace {namespace!r} does not exist")
     if clusters is not None and set(clusters) - set(KINDS):
         raise ValueError(f"clusters: unknown store(s) {sorted(set(clusters) - set(KINDS))}; use 'episode' and 'tuple'")
-    report = ConsolidationReport(namespace=namespace, dry_run=dry_run, backend="given" if clusters is not None else "")
+    report = ConsolidationReport(namespace=namespace, dry_run=True, backend="given" if clusters is not None else "")
     groups: list[tuple[Group, list[Memory]]] = []
     for kind in KINDS:
         active = store.list_memories(namespace, kind)
@@ -326,123 +338,54 @@ def consolidate(
         if clusters is not None:
             found = _given_clusters(namespace, kind, clusters.get(kind, ()), {m.id: m for m in active})
         else:
-            clusterer = clusterer or make_clusterer(memory.config.consolidation)
-            found = _cluster(memory, namespace, active, clusterer, report, stats)
+            clusterer = clusterer or make_clusterer(config.consolidation)
+            found = _cluster(indexes, namespace, active, clusterer, report, stats)
         stats.clusters = len(found)
         stats.noise = len(active) - sum(len(c) for c in found)
         for cluster in found:
-            for part in _split_to_fit(cluster, llm, memory.config.llm.context_tokens - memory.config.llm.max_new_tokens):
+            for part in _split_to_fit(cluster, llm, config.llm.context_tokens - config.llm.max_new_tokens):
                 groups.append((Group(kind=kind, memory_ids=[m.id for m in part]), part))
 
     plan = _plan(namespace, llm, groups, report)
     report.plan = plan
     report.skipped = list(plan.skipped)
-    if dry_run:
-        _count_outcome(report, plan.groups)
-        return report
-    return _apply(memory, plan, report)
+    count_outcome(report, plan.groups)
+    return report
 
 
-def undo(memory: HybridMemory, run_id: int) -> UndoReport:
-    """Restore exactly the state before run ``run_id``, in one transaction.
+def run_params(config: Config, report: ConsolidationReport) -> dict[str, Any]:
+    """The settings a run is stored with (its ``consolidation_runs.params``)."""
+    return {
+        "consolidation": config.consolidation.model_dump(mode="json"),
+        "context_tokens": config.llm.context_tokens,
+        "max_new_tokens": config.llm.max_new_tokens,
+        "llm_model_id": report.llm.model_id,
+        "prompt_version": report.llm.prompt_version,
+    }
 
-    Sources and deleted memories get back their previous status, reason and pointer; the run's
-    merged rows are marked deleted ("undo of run N"); the run becomes 'undone'. Refused (nothing
-    changed) when a memory the run touched was changed since (by a later run: undo that one
-    first) or purged.
-    """
-    store = memory.store
-    with store.transaction():
-        row = store.consolidation_run(run_id)
-        if row["status"] == "undone":
-            raise ConsolidationError(f"consolidation run {run_id} is already undone")
-        namespace = row["namespace"]
-        report = ConsolidationReport.model_validate_json(row["report"])
-        changed_ids = sorted({i for sources in report.merged.values() for i in sources} | set(report.deleted))
-        merged_ids = sorted(report.merged)
-        touched = changed_ids + merged_ids
-        current = store.status_rows(touched)
-        purged = [i for i in touched if i not in current]
-        if purged:
-            raise ConsolidationError(
-                f"cannot undo consolidation run {run_id}: memories {purged[:10]} were purged since"
-            )
-        last_event = {e.memory_id: e for e in store.run_events(run_id)}
-        conflicts = [i for i in touched if _state(last_event[i].after) != _state(current[i])]
-        if conflicts:
-            raise ConsolidationError(_conflict_message(store, run_id, conflicts, last_event))
-        for memory_id in changed_ids:
-            before = last_event[memory_id].before
-            store.set_status(
-                memory_id, MemoryStatus(before["status"]), reason=before["status_reason"],
-                superseded_by=before["superseded_by"], run_id=run_id, action="undo",
-            )
-        for memory_id in merged_ids:
-            store.set_status(memory_id, MemoryStatus.deleted, reason=f"undo of run {run_id}", run_id=run_id, action="undo")
-        store.mark_consolidation_run_undone(run_id)
-    rows = store.get_memories(touched)
-    memory._apply_to_indexes(
-        namespace,
-        added=[rows[i] for i in changed_ids if rows[i].status == MemoryStatus.active],
-        removed=[rows[i] for i in merged_ids],
+
+def plan_undo(store: MemoryStore, run_id: int) -> UndoPlan:
+    """Check that run ``run_id`` can be undone and say what undoing changes; raises
+    ConsolidationError when it is undone already, or a memory it touched was purged or changed
+    since (by a later run: undo that one first). Call it inside the transaction that applies it."""
+    row = store.consolidation_run(run_id)
+    if row["status"] == "undone":
+        raise ConsolidationError(f"consolidation run {run_id} is already undone")
+    report = ConsolidationReport.model_validate_json(row["report"])
+    changed_ids = sorted({i for sources in report.merged.values() for i in sources} | set(report.deleted))
+    merged_ids = sorted(report.merged)
+    touched = changed_ids + merged_ids
+    current = store.status_rows(touched)
+    purged = [i for i in touched if i not in current]
+    if purged:
+        raise ConsolidationError(f"cannot undo consolidation run {run_id}: memories {purged[:10]} were purged since")
+    last_event = {e.memory_id: e for e in store.run_events(run_id)}
+    conflicts = [i for i in touched if _state(last_event[i].after) != _state(current[i])]
+    if conflicts:
+        raise ConsolidationError(_conflict_message(store, run_id, conflicts, last_event))
+    return UndoPlan(
+        namespace=row["namespace"], restore={i: last_event[i].before for i in changed_ids}, merged_ids=merged_ids
     )
-    return UndoReport(run_id=run_id, namespace=namespace, restored=len(changed_ids), removed=len(merged_ids))
-
-
-def purge(memory: HybridMemory, namespace: str, older_than: timedelta) -> PurgeReport:
-    """Physically delete non-active memories whose last status change is older than ``older_than``.
-
-    Their history events go too (events hold the full row, so keeping them would keep the text
-    purge promises to remove), as do their cached embeddings (unless a remaining memory has the
-    same text); one ``purge`` event records which ids went. A consolidation run that touched a
-    purged memory can no longer be undone. Freed pages are vacuumed and the namespace's index
-    files rebuilt, so no copy of the purged text or vectors stays on disk.
-    """
-    check_namespace(namespace)
-    if older_than < timedelta(0):
-        raise ValueError(f"older_than must not be negative, got {older_than}")
-    store = memory.store
-    cutoff = utcnow() - older_than
-    with store.transaction():
-        candidates = store.retired_before(namespace, cutoff)
-        pointers = store.superseded_pointers(namespace)
-        doomed = set(candidates)
-        # A row that a kept row still points at stays (its pointer must resolve); repeat
-        # until stable, since keeping one row can keep the row it points at.
-        while True:
-            referenced = {target for source, target in pointers.items() if source not in doomed and target in doomed}
-            if not referenced:
-                break
-            doomed -= referenced
-        ids = sorted(doomed)
-        remaining_texts = {
-            text_hash(m.index_text()) for m in store.list_memories(namespace, status=None) if m.id not in doomed
-        }
-        purged_texts = {text_hash(m.index_text()) for m in store.get_memories(ids).values()} - remaining_texts
-        events, embeddings = store.delete_memories(
-            namespace, ids, sorted(purged_texts), {"memory_ids": ids, "cutoff": cutoff.isoformat()}, f"older than {older_than}"
-        )
-    if ids:
-        store.vacuum()
-        if store.path is not None:
-            memory.rebuild_indexes(namespace)  # hnswlib keeps vectors of deleted labels
-    return PurgeReport(
-        namespace=namespace, cutoff=cutoff, memories=len(ids), embeddings=embeddings, events=events,
-        kept_referenced=len(candidates) - len(ids),
-    )
-
-
-def maybe_consolidate(
-    memory: HybridMemory, namespace: str, llm: StructuredLLM, clusterer: Clusterer | None = None
-) -> ConsolidationReport | None:
-    """Run :func:`consolidate` when ``consolidation.every_n_sessions`` sessions were ingested
-    since the last run (0 = never); the run resets the counter."""
-    every = memory.config.consolidation.every_n_sessions
-    if every == 0:
-        return None
-    if memory.store.sessions_since_consolidation(namespace) < every:
-        return None
-    return consolidate(memory, namespace, llm, clusterer)
 
 
 def plan_request(namespace: str, kind: MemoryKind, members: Sequence[Memory]) -> LLMRequest:
@@ -486,7 +429,7 @@ def validate_plan(group: Group, members: Sequence[Memory], reply: EpisodePlan | 
 
 
 def _cluster(
-    memory: HybridMemory,
+    indexes: StoreIndexes,
     namespace: str,
     active: list[Memory],
     clusterer: Clusterer,
@@ -496,7 +439,7 @@ def _cluster(
     if not active:
         return []
     started = time.perf_counter()
-    vectors = memory._embed_cached(namespace, [m.index_text() for m in active])
+    vectors = indexes.embed(namespace, [m.index_text() for m in active])
     report.timings.embed_load_s += time.perf_counter() - started
     result = clusterer.cluster(vectors)
     report.backend = result.backend
@@ -559,7 +502,7 @@ def _messages(prompt: PromptTemplate, kind: MemoryKind, lines: list[str]) -> lis
 def _line(short_id: str, memory: Memory) -> str:
     """One memory as the LLM sees it: its content fields, no provenance."""
     draft = EpisodeDraft if memory.kind == "episode" else TupleDraft
-    fields = [f for f in draft.model_fields if f != "source_turn_ids"]
+    fields = [f for f in draft.model_fields if f not in ("source_turn_ids", "provenance")]
     return json.dumps({"id": short_id, **memory.model_dump(include=set(fields))}, ensure_ascii=False)
 
 
@@ -571,7 +514,10 @@ def _merge(sources: list[Memory], draft: EpisodeDraft | TupleDraft) -> Merge:
     sessions = {s.source_session_id for s in sources}
     return Merge(
         source_ids=[s.id for s in sources],
-        merged=draft.model_copy(update={"source_turn_ids": turn_ids, "timestamp": timestamp}),
+        merged=draft.model_copy(update={
+            "source_turn_ids": turn_ids, "timestamp": timestamp,
+            "provenance": combine_provenance(s.provenance for s in sources),
+        }),
         source_session_id=sessions.pop() if len(sessions) == 1 else None,
     )
 
@@ -593,12 +539,8 @@ def _generate(llm: StructuredLLM, requests: list[LLMRequest], report: Consolidat
     started = time.perf_counter()
     results = llm.generate(requests)
     report.timings.llm_s += time.perf_counter() - started
-    usage = report.llm
-    usage.batches += 1
-    usage.requests += len(requests)
-    usage.cached += sum(r.cached for r in results)
-    usage.prompt_tokens += sum(r.prompt_tokens for r in results)
-    usage.completion_tokens += sum(r.completion_tokens for r in results)
+    report.llm.batches += 1
+    report.llm.count(results)
     return results
 
 
@@ -638,15 +580,19 @@ def _plan(
     return plan
 
 
-# --------------------------------------------------------------------------- applying
+# --------------------------------------------------------------------------- applying (by HybridMemory)
 
 
-def _stored(merge: Merge, namespace: str) -> Memory:
+def stored_merge(merge: Merge, namespace: str) -> Memory:
+    """The record a merge stores."""
     cls = Episode if isinstance(merge.merged, EpisodeDraft) else RelationalTuple
     return cls(namespace=namespace, source_session_id=merge.source_session_id, **merge.merged.model_dump())
 
 
-def _count_outcome(report: ConsolidationReport, applied: list[GroupPlan]) -> None:
+def count_outcome(report: ConsolidationReport, applied: list[GroupPlan]) -> None:
+    """Fill each store's merge and deletion counts and memories after from the applied plans."""
+    for stats in report.stores.values():
+        stats.merges = stats.merged_sources = stats.deletions = 0
     for plan in applied:
         stats = report.stores[plan.group.kind]
         stats.merges += len(plan.merges)
@@ -656,61 +602,7 @@ def _count_outcome(report: ConsolidationReport, applied: list[GroupPlan]) -> Non
         stats.memories_after = stats.memories_before - stats.merged_sources - stats.deletions + stats.merges
 
 
-def _apply(memory: HybridMemory, plan: ConsolidationPlan, report: ConsolidationReport) -> ConsolidationReport:
-    store, namespace = memory.store, plan.namespace
-    started = time.perf_counter()
-    merged_texts = [_stored(m, namespace).index_text() for g in plan.groups for m in g.merges]
-    if merged_texts:
-        # Embedded before the transaction: a failure there changes nothing.
-        memory._embed_cached(namespace, merged_texts)
-    config = memory.config.consolidation
-    params = {
-        "consolidation": config.model_dump(mode="json"),
-        "context_tokens": memory.config.llm.context_tokens,
-        "max_new_tokens": memory.config.llm.max_new_tokens,
-        "llm_model_id": report.llm.model_id,
-        "prompt_version": report.llm.prompt_version,
-    }
-    applied: list[GroupPlan] = []
-    with store.transaction():
-        run_id = store.start_consolidation_run(namespace, report.backend, params)
-        report.run_id = run_id
-        for group_plan in plan.groups:
-            stale = _not_active(store, group_plan.touched_ids())
-            if stale:
-                # Another process changed these since planning: skip the group, not the run.
-                report.skipped.append(SkippedGroup(group=group_plan.group, error=f"memories {stale} changed since planning"))
-                report.stores[group_plan.group.kind].invalid_plans_skipped += 1
-                continue
-            for merge in group_plan.merges:
-                (merge.merged_id,) = store.insert_memories(namespace, [_stored(merge, namespace)], run_id=run_id, action="merge")
-                for source_id in merge.source_ids:
-                    store.set_status(source_id, MemoryStatus.superseded, reason=f"merged by consolidation run {run_id}",
-                                     superseded_by=merge.merged_id, run_id=run_id)
-                report.merged[merge.merged_id] = merge.source_ids
-            for deletion in group_plan.deletions:
-                store.set_status(deletion.memory_id, MemoryStatus.deleted, reason=deletion.reason, run_id=run_id)
-                report.deleted[deletion.memory_id] = deletion.reason
-            applied.append(group_plan)
-        _count_outcome(report, applied)
-        report.timings.apply_s = time.perf_counter() - started
-        store.finish_consolidation_run(run_id, namespace, report.model_dump_json())
-    changed = store.get_memories([i for g in applied for i in g.touched_ids()] + list(report.merged))
-    memory._apply_to_indexes(
-        namespace,
-        added=[changed[i] for i in report.merged],
-        removed=[changed[i] for g in applied for i in g.touched_ids()],
-    )
-    log.info("consolidation run %d on %s: %d → %d memories", run_id, namespace, report.memories_before, report.memories_after)
-    return report
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def _not_active(store: MemoryStore, ids: Sequence[int]) -> list[int]:
-    rows = store.status_rows(ids)
-    return [i for i in ids if i not in rows or rows[i]["status"] != MemoryStatus.active.value]
 
 
 def _state(row: Mapping[str, Any] | None) -> tuple:

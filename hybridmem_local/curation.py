@@ -1,6 +1,6 @@
 """Session curation (paper §3.1): a session's turns in, episodes and relational tuples out.
 
-    curator = Curator(llm, config.llm, config.curation)
+    curator = Curator(llm, config.llm, config.curation, embed=embedder.embed)
     outcomes = curator.curate(sessions)        # one batched llm.generate for all of them
     for outcome in outcomes:
         outcome.result                         # CurationResult, or None with outcome.error set
@@ -20,10 +20,12 @@ Flow of one session:
    ``CurationConfig.retry_rounds`` more rounds: a shorter window fits the context and its
    reply fits ``max_new_tokens``.
 4. Each reply is checked: ``source_turn_ids`` must name turns of the window the model was
-   shown (others are dropped and reported in ``dropped_turn_ids``; a memory left with no
-   valid id is kept with an empty list, its content is not at fault); a timestamp that is
-   not a real date falls back to the session date. Window results are concatenated in turn
-   order.
+   shown (others are dropped and reported in ``dropped_turn_ids``); a memory left with no
+   valid id is kept, its content is not at fault, and *aligned* to the window's turns by
+   lexical + embedding similarity (``provenance.py``; provenance ``aligned``, where kept ids
+   give ``cited``), so every curated memory leads back to its evidence. Without ``embed``
+   such a memory keeps an empty list. A timestamp that is not a real date falls back to the
+   session date. Window results are concatenated in turn order.
 
 A session with any window still failing gets ``result=None`` and ``error`` set: storing part
 of a session would silently lose the rest, while the caller keeps the raw session (marked
@@ -47,7 +49,9 @@ from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.dates import annotate_relative_dates
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import PromptTemplate, load_prompt
-from hybridmem_local.schema import CurationResult, EpisodeDraft, Session, Turn, TupleDraft
+from hybridmem_local.provenance import Aligner, AlignmentSettings, Embed, memory_text
+from hybridmem_local.schema import CurationResult, EpisodeDraft, Session, Turn, TupleDraft, clean_cited_id
+from hybridmem_local.usage import LLMUsage
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +153,8 @@ class CurationOutcome(BaseModel):
     windows: int = 0
     #: Cited ids that name no turn the model was shown, dropped from the memories.
     dropped_turn_ids: list[str] = Field(default_factory=list)
+    #: Memories left without a valid cited id and aligned to their window's turns instead.
+    aligned_memories: int = 0
     #: Timestamps that were not a real date and were replaced by the session date.
     timestamps_defaulted: int = 0
     #: Memories left out for having no content (only turn ids, a decoding loop), with why.
@@ -223,6 +229,8 @@ class _Checked:
     timestamps_defaulted: int
     #: Why each memory without content was left out (see :func:`content_problem`).
     dropped_memories: list[str]
+    #: Memories aligned to the window's turns (no valid cited id).
+    aligned: int = 0
 
 
 def check_curation_reply(reply: CurationReply, turn_ids: Sequence[str], session_date: date) -> _Checked:
@@ -238,7 +246,7 @@ def check_curation_reply(reply: CurationReply, turn_ids: Sequence[str], session_
     def cited(ids: list[str]) -> list[str]:
         kept: list[str] = []
         for raw in ids:
-            turn_id = raw.strip().strip("[]").strip()  # models sometimes copy the brackets
+            turn_id = clean_cited_id(raw)
             if turn_id in known:
                 if turn_id not in kept:
                     kept.append(turn_id)
@@ -311,18 +319,9 @@ class _Tally:
     """What one session has accumulated over its windows and rounds."""
 
     windows: int = 0
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
+    usage: LLMUsage = field(default_factory=LLMUsage)
     parts: list[tuple[int, _Checked]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-
-    def count(self, result: LLMResult) -> None:
-        self.calls += 1
-        self.prompt_tokens += result.prompt_tokens
-        self.completion_tokens += result.completion_tokens
-        self.seconds += result.latency_s
 
 
 def format_session_date(moment: datetime) -> str:
@@ -336,10 +335,15 @@ def format_session_date(moment: datetime) -> str:
 class Curator:
     """Curates sessions with any :class:`StructuredLLM`; see the module docstring."""
 
-    def __init__(self, llm: StructuredLLM, llm_config: LLMConfig, config: CurationConfig):
+    def __init__(self, llm: StructuredLLM, llm_config: LLMConfig, config: CurationConfig, embed: Embed | None = None):
         self.llm = llm
         self.llm_config = llm_config
         self.config = config
+        settings = AlignmentSettings(
+            max_turns=config.align_max_turns, min_score=config.align_min_score,
+            lexical_weight=config.align_lexical_weight,
+        )
+        self.aligner = Aligner(embed, settings) if embed is not None else None
         self.prompt: PromptTemplate = load_prompt("curation")
         self.reply_schema = reply_schema(config.max_episodes_per_window, config.max_tuples_per_window)
         self.turn_budget = self._turn_budget()
@@ -441,10 +445,10 @@ class Curator:
             failed: list[tuple[Window, str]] = []
             for window, result in zip(pending, self._generate(pending), strict=True):
                 tally = tallies[window.session_index]
-                tally.count(result)
+                tally.usage.count([result])
                 if result.ok and isinstance(result.parsed, CurationReply):
                     checked = check_curation_reply(result.parsed, window.turn_ids, window.session.started_at.date())
-                    tally.parts.append((window.start, checked))
+                    tally.parts.append((window.start, self._align(checked, window)))
                 else:
                     failed.append((window, result.error or "reply is not a CurationReply"))
             last_round = round_number == self.config.retry_rounds
@@ -456,6 +460,18 @@ class Curator:
             pending = [half for window, _ in failed for half in window.halves()]
 
         return [self._outcome(session, tally) for session, tally in zip(sessions, tallies)]
+
+    def _align(self, checked: _Checked, window: Window) -> _Checked:
+        """Give every memory left without a valid cited id the turns of ``window`` it matches best."""
+        if self.aligner is None:
+            return checked
+        bare = [m for m in (*checked.episodes, *checked.tuples) if not m.source_turn_ids]
+        found = self.aligner.align_all([memory_text(m) for m in bare], window.turns)
+        aligned = {id(m): m.model_copy(update={"source_turn_ids": ids, "provenance": "aligned"}) for m, ids in zip(bare, found)}
+        checked.episodes = [aligned.get(id(m), m) for m in checked.episodes]
+        checked.tuples = [aligned.get(id(m), m) for m in checked.tuples]
+        checked.aligned = len(aligned)
+        return checked
 
     def _generate(self, windows: list[Window]) -> list[LLMResult]:
         """One batched call; a backend that cannot be reached fails these windows, not the run."""
@@ -486,12 +502,13 @@ class Curator:
             result=result,
             error="; ".join(tally.errors) or None,
             prompt_version=self.prompt.version,
-            llm_calls=tally.calls,
-            prompt_tokens=tally.prompt_tokens,
-            completion_tokens=tally.completion_tokens,
-            seconds=round(tally.seconds, 3),
+            llm_calls=tally.usage.requests,
+            prompt_tokens=tally.usage.prompt_tokens,
+            completion_tokens=tally.usage.completion_tokens,
+            seconds=round(tally.usage.llm_s, 3),
             windows=tally.windows,
             dropped_turn_ids=dropped,
+            aligned_memories=sum(p.aligned for p in parts),
             timestamps_defaulted=sum(p.timestamps_defaulted for p in parts),
             dropped_memories=empty,
         )

@@ -11,8 +11,6 @@ live label never points at an outdated vector.
 from __future__ import annotations
 
 import logging
-import os
-import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.config import IndexConfig
-from hybridmem_local.files import ensure_private_dir, remove_orphans
+from hybridmem_local.files import GenerationFiles
 
 log = logging.getLogger(__name__)
 
@@ -62,24 +60,14 @@ class VectorIndex:
         self._live: set[int] = set()
         #: Every label in the graph, live or marked deleted (hnswlib cannot add a label twice).
         self._known: set[int] = set()
-
-    # ------------------------------------------------------------------ files
-
-    @property
-    def _manifest_path(self) -> Path:
-        return self.directory / f"{self.kind}.manifest.json"
-
-    def _graph_path(self, generation: str) -> Path:
-        return self.directory / f"{self.kind}.{generation}.hnsw"
-
-    def _labels_path(self, generation: str) -> Path:
-        return self.directory / f"{self.kind}.{generation}.labels.npy"
-
-    def _generation_files(self) -> list[Path]:
-        return sorted(self.directory.glob(f"{self.kind}.*.hnsw")) + sorted(self.directory.glob(f"{self.kind}.*.labels.npy"))
+        #: Changed since loaded or saved: only then does ``save`` write a new generation.
+        self._dirty = False
+        self._files = GenerationFiles(
+            directory, f"{kind}.manifest.json", f"{kind}.{{}}.", f"{kind}.manifest.{{}}.tmp", "generation"
+        )
 
     def files(self) -> list[Path]:
-        return [self._manifest_path, *self._generation_files()]
+        return self._files.files()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -96,18 +84,18 @@ class VectorIndex:
 
     def _load(self) -> str | None:
         """Load the persisted index; returns why it cannot be used, or None on success."""
-        if not self._manifest_path.exists():
+        if not self._files.manifest_path.exists():
             return "index files missing"
         try:
-            manifest = IndexManifest.model_validate_json(self._manifest_path.read_text())
+            manifest = IndexManifest.model_validate_json(self._files.manifest_path.read_text())
             if manifest.model_id != self.model_id or manifest.dim != self.dim:
                 return f"index built with {manifest.model_id} ({manifest.dim}-d), config uses {self.model_id}"
-            labels = np.load(self._labels_path(manifest.generation))
+            labels = np.load(self._files.path(manifest.generation, "labels.npy"))
             if len(labels) != manifest.count:
                 return "label file does not match manifest"
             index = hnswlib.Index(space="cosine", dim=self.dim)
             index.load_index(
-                str(self._graph_path(manifest.generation)), max_elements=max(manifest.count, self.config.initial_capacity)
+                str(self._files.path(manifest.generation, "hnsw")), max_elements=max(manifest.count, self.config.initial_capacity)
             )
             index.set_ef(self.config.ef_search)
         except Exception as exc:  # any unreadable file means: rebuild from SQLite
@@ -123,6 +111,7 @@ class VectorIndex:
             if problem is not None:
                 log.info("rebuilding %s index in %s: %s", self.kind, self.directory, problem)
                 self._index, self._live, self._known = self._empty(len(active_ids)), set(), set()
+                self._dirty = True  # even an empty index is saved, so the next open loads instead of rebuilding
                 report = SyncReport(rebuilt=True, reason=problem)
                 self.add(active_ids, vectors_for(active_ids))
                 report.added = len(active_ids)
@@ -136,46 +125,23 @@ class VectorIndex:
         return SyncReport(added=len(to_add), removed=len(to_remove))
 
     def save(self) -> None:
-        """Write a new generation of graph + labels, then switch the manifest to it.
-
-        Replacing the manifest is the single commit point: a crash before it leaves the old
-        generation in force, a crash after it the new one; graph and labels never mix.
-        """
-        if self._index is None:
+        """Write a new generation of graph + labels and switch the manifest to it (files.GenerationFiles)."""
+        if self._index is None or not self._dirty:
             return
-        ensure_private_dir(self.directory)
-        generation = uuid.uuid4().hex[:12]
-        graph, labels = self._graph_path(generation), self._labels_path(generation)
-        self._index.save_index(str(graph))
-        np.save(labels, np.array(sorted(self._live), dtype=np.int64))
-        manifest = IndexManifest(model_id=self.model_id, dim=self.dim, count=len(self._live), generation=generation)
-        tmp_manifest = self.directory / f"{self.kind}.manifest.{generation}.tmp"  # unique: processes may save at once
-        tmp_manifest.write_text(manifest.model_dump_json())
-        for path in (graph, labels, tmp_manifest):
-            os.chmod(path, 0o600)
-        replaced = self._committed_generation()
-        os.replace(tmp_manifest, self._manifest_path)
-        # Remove only the generation this save replaced: another process may be mid-save with
-        # files that no manifest names yet.
-        if replaced is not None and replaced != generation:
-            self._graph_path(replaced).unlink(missing_ok=True)
-            self._labels_path(replaced).unlink(missing_ok=True)
-        committed = self._committed_generation()
-        named = {self._graph_path(committed), self._labels_path(committed)} if committed else set()
-        remove_orphans(
-            p for p in [*self._generation_files(), *self.directory.glob(f"{self.kind}.manifest.*.tmp")] if p not in named
-        )
+        index, live = self._index, np.array(sorted(self._live), dtype=np.int64)
 
-    def _committed_generation(self) -> str | None:
-        try:
-            return IndexManifest.model_validate_json(self._manifest_path.read_text()).generation
-        except (OSError, ValueError):
-            return None
+        def write(generation: str) -> None:
+            index.save_index(str(self._files.path(generation, "hnsw")))
+            np.save(self._files.path(generation, "labels.npy"), live)
+
+        self._files.save(
+            write, lambda generation: IndexManifest(model_id=self.model_id, dim=self.dim, count=len(live), generation=generation)
+        )
+        self._dirty = False
 
     def delete_files(self) -> None:
-        for path in self.files():
-            path.unlink(missing_ok=True)
-        self._index, self._live, self._known = None, set(), set()
+        self._files.delete()
+        self._index, self._live, self._known, self._dirty = None, set(), set(), False
 
     # ------------------------------------------------------------------ updates
 
@@ -195,6 +161,7 @@ class VectorIndex:
             self._index.add_items(np.asarray(vectors, dtype=np.float32)[fresh], ids[fresh])
             self._known.update(int(x) for x in ids[fresh])
         self._live.update(int(x) for x in ids)
+        self._dirty = True
 
     def remove(self, ids) -> None:
         assert self._index is not None, "sync() first"
@@ -203,6 +170,7 @@ class VectorIndex:
             if label in self._live:
                 self._index.mark_deleted(label)
                 self._live.discard(label)
+                self._dirty = True
 
     # ------------------------------------------------------------------ queries
 

@@ -1,4 +1,4 @@
-"""Reading sessions from files: the JSONL session format and namespace exports.
+"""Reading sessions from files: LoCoMo JSON, the JSONL session format and namespace exports.
 
 Session JSONL: one session per line::
 
@@ -6,68 +6,58 @@ Session JSONL: one session per line::
      "turns": [{"turn_id": "s1:0", "speaker": "Alice", "text": "Hi!", "image_caption": null}]}
 
 ``namespace`` is optional (the command's ``--namespace`` applies). ``started_at`` must carry a
-UTC offset. LoCoMo files are read by ``hybridmem_local.eval.locomo``. Every error names the
-file, the line and the field.
+UTC offset. LoCoMo files (the benchmark's official format) are read by :class:`LocomoReader`,
+which the evaluation's loader extends with the questions. Every error names the file, the
+line or record, and the field.
 """
 
 from __future__ import annotations
 
-import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Sequence
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from hybridmem_local.schema import Episode, RelationalTuple, Session
+from hybridmem_local.readers import (
+    InputFileError,
+    describe_validation_error,
+    is_stdin,
+    read_input,
+    read_json_lines,
+    read_json_list,
+)
+from hybridmem_local.schema import Episode, RelationalTuple, Session, Turn, check_namespace
 from hybridmem_local.store import SessionRecord
 
-
-class InputFileError(ValueError):
-    """A file given to ingest/import is malformed; the message names file, record and field."""
+__all__ = ["InputFileError", "LocomoReader", "read_export", "read_locomo_sessions", "read_sessions_file", "read_sessions_jsonl"]
 
 
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "(record)"
-        parts.append(f"field {where}: {err['msg']}")
-    return "; ".join(parts)
+def read_sessions_file(path: Path, namespace: str | None, conversations: Sequence[str] | None = None) -> list[Session]:
+    """A LoCoMo JSON file (``conversations``: sample ids to keep) or a JSONL of sessions, told
+    apart by content; ``path`` ``-`` reads standard input."""
+    if not is_stdin(path) and not path.exists():
+        raise InputFileError(f"{path}: no such file")
+    raw = read_input(path)
+    if raw[:64].lstrip()[:1] != b"[":
+        return read_sessions_jsonl(path, namespace, raw=raw)
+    return read_locomo_sessions(path, namespace, conversations, raw=raw)
 
 
-def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputFileError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise InputFileError(f"{path}: line {line}: not valid UTF-8 (byte {exc.start})") from exc
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputFileError(f"{path}: line {number}: invalid JSON ({exc.msg})") from exc
-        if not isinstance(record, dict):
-            raise InputFileError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
-        yield number, record
-
-
-def read_sessions_jsonl(path: Path, namespace: str | None = None) -> list[Session]:
-    """Parse and validate every line before returning, so a bad file stores nothing."""
+def read_sessions_jsonl(path: Path, namespace: str | None = None, raw: bytes | None = None) -> list[Session]:
+    """Parse and validate every line (of ``raw``, when already read) before returning, so a bad file stores nothing."""
     sessions: list[Session] = []
     seen: set[tuple[str, str]] = set()
-    for number, record in _json_lines(path):
+    for number, record in read_json_lines(path, raw):
         if namespace is not None:
             record = {**record, "namespace": record.get("namespace", namespace)}
         try:
             session = Session.model_validate(record)
         except ValidationError as exc:
             sid = record.get("session_id", "?")
-            raise InputFileError(f"{path}: line {number} (session {sid!r}): {_describe(exc)}") from exc
+            raise InputFileError(f"{path}: line {number} (session {sid!r}): {describe_validation_error(exc, quote_fields=False, limit=5)}") from exc
         key = (session.namespace, session.session_id)
         if key in seen:
             raise InputFileError(f"{path}: line {number}: session {session.session_id!r} appears twice")
@@ -82,7 +72,7 @@ def read_export(path: Path, namespace: str | None = None) -> tuple[list[SessionR
     """Parse a ``HybridMemory.export`` file; ``namespace`` renames its namespace on import."""
     sessions: list[SessionRecord] = []
     memories: list[Episode | RelationalTuple] = []
-    for number, record in _json_lines(path):
+    for number, record in read_json_lines(path):
         kind = record.pop("type", None)
         try:
             if kind == "session":
@@ -97,6 +87,215 @@ def read_export(path: Path, namespace: str | None = None) -> tuple[list[SessionR
             else:
                 raise InputFileError(f"{path}: line {number}: unknown record type {kind!r} (expected session or memory)")
         except (ValidationError, KeyError, TypeError) as exc:
-            detail = _describe(exc) if isinstance(exc, ValidationError) else f"missing or wrong field {exc}"
+            detail = describe_validation_error(exc, quote_fields=False, limit=5) if isinstance(exc, ValidationError) else f"missing or wrong field {exc}"
             raise InputFileError(f"{path}: line {number}: {detail}") from exc
     return sessions, memories
+
+
+# --------------------------------------------------------------------------- LoCoMo
+
+
+_SESSION_KEY = re.compile(r"^session_(\d+)$")
+_SESSION_DATE_KEY = re.compile(r"^session_(\d+)_date_time$")
+# "1:56 pm on 8 May, 2023"; parsed by hand so the result does not depend on the C locale.
+_SESSION_DATE = re.compile(
+    r"^\s*(\d{1,2}):(\d{2})\s*([ap])\.?m\.?\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})\s*$",
+    re.IGNORECASE,
+)
+_MONTHS = {
+    name: number
+    for number, names in enumerate(
+        [("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"),
+         ("may",), ("june", "jun"), ("july", "jul"), ("august", "aug"),
+         ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
+         ("december", "dec")],
+        start=1,
+    )
+    for name in names
+}
+
+
+def parse_session_date(value: str) -> datetime:
+    """``"1:56 pm on 8 May, 2023"`` → ``2023-05-08 13:56 UTC`` (the benchmark has no zones)."""
+    match = _SESSION_DATE.match(value)
+    if not match:
+        raise ValueError(f"date {value!r} is not like '1:56 pm on 8 May, 2023'")
+    hour, minute, meridiem, day, month_name, year = match.groups()
+    month = _MONTHS.get(month_name.lower())
+    if month is None:
+        raise ValueError(f"date {value!r}: unknown month {month_name!r}")
+    hour_12 = int(hour)
+    if not 1 <= hour_12 <= 12:
+        raise ValueError(f"date {value!r}: hour {hour_12} is not on a 12-hour clock")
+    hour_24 = hour_12 % 12 + (12 if meridiem.lower() == "p" else 0)
+    return datetime(int(year), month, int(day), hour_24, int(minute), tzinfo=timezone.utc)
+
+
+class _RawTurn(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    speaker: str
+    dia_id: str
+    text: str
+    blip_caption: str | None = None
+
+
+@dataclass
+class LocomoSample:
+    """The conversation part of one LoCoMo sample (its questions are the evaluation's)."""
+
+    sample_id: str
+    namespace: str
+    speaker_a: str
+    speaker_b: str
+    sessions: list[Session]
+    #: Where the sample is in the file, for error messages: ``"sample 3 (conv-30)"``.
+    where: str
+
+
+class LocomoReader:
+    """Reads the conversations of a LoCoMo file (official format) into sessions.
+
+    The file is a JSON list of samples ``{sample_id, conversation, qa, ...}``. A conversation
+    holds ``speaker_a``, ``speaker_b`` and numbered sessions: ``session_N`` (a list of turns
+    ``{speaker, dia_id, text, blip_caption?, ...}``) with its date ``session_N_date_time``, e.g.
+    ``"1:56 pm on 8 May, 2023"``. Sessions are read in numeric order; a date without turns (the
+    official file lists dates for sessions that were never written) is skipped and counted.
+    Session dates carry no timezone in the benchmark; they are read as **UTC**. The file is
+    walked by hand so that every error (of type ``error``) says exactly where it is.
+    """
+
+    def __init__(self, path: Path, error: type[InputFileError] = InputFileError):
+        self.path = path
+        self.error_type = error
+        #: Session numbers without turns: none listed, an empty list, or only blank turns.
+        self.empty_sessions_skipped = 0
+        #: Turns with neither text nor an image caption.
+        self.empty_turns_skipped = 0
+
+    def error(self, where: str, message: str) -> InputFileError:
+        return self.error_type(f"{self.path}: {where}: {message}")
+
+    def samples(self, namespace_prefix: str = "", raw: bytes | None = None) -> list[tuple[dict, LocomoSample]]:
+        """Every sample of the file (``raw``: its bytes, when already read), as the record and
+        its conversation read; sample ids must be unique."""
+        records = read_json_list(self.path, self.error_type, raw)
+        samples = [self.sample(index, record, namespace_prefix) for index, record in enumerate(records)]
+        seen: set[str] = set()
+        for _, sample in samples:
+            if sample.sample_id in seen:
+                raise self.error_type(f"{self.path}: sample_id {sample.sample_id!r} appears twice")
+            seen.add(sample.sample_id)
+        return samples
+
+    def sample(self, index: int, raw: object, namespace_prefix: str) -> tuple[dict, LocomoSample]:
+        where = f"sample {index}"
+        if not isinstance(raw, dict):
+            raise self.error(where, f"expected an object, got {type(raw).__name__}")
+        sample_id = raw.get("sample_id")
+        if not isinstance(sample_id, str) or not sample_id:
+            raise self.error(where, "field 'sample_id': missing or not a non-empty string")
+        where = f"sample {index} ({sample_id})"
+        namespace = namespace_prefix + sample_id
+        try:
+            check_namespace(namespace)
+        except ValueError as exc:
+            raise self.error(where, str(exc)) from exc
+        conversation = raw.get("conversation")
+        if not isinstance(conversation, dict):
+            raise self.error(where, "field 'conversation': missing or not an object")
+        speakers = [conversation.get(key) for key in ("speaker_a", "speaker_b")]
+        for key, speaker in zip(("speaker_a", "speaker_b"), speakers):
+            if not isinstance(speaker, str) or not speaker:
+                raise self.error(where, f"field 'conversation.{key}': missing or not a non-empty string")
+        sessions = self.sessions(where, sample_id, namespace, conversation)
+        return raw, LocomoSample(sample_id, namespace, speakers[0], speakers[1], sessions, where)
+
+    def sessions(self, where: str, sample_id: str, namespace: str, conversation: dict) -> list[Session]:
+        turns_by_number: dict[int, object] = {}
+        dates_by_number: dict[int, object] = {}
+        for key, value in conversation.items():
+            if match := _SESSION_KEY.match(key):
+                turns_by_number[int(match.group(1))] = value
+            elif match := _SESSION_DATE_KEY.match(key):
+                dates_by_number[int(match.group(1))] = value
+
+        sessions: list[Session] = []
+        seen_turn_ids: dict[str, int] = {}
+        for number in sorted(turns_by_number.keys() | dates_by_number.keys()):
+            raw_turns = turns_by_number.get(number)
+            session_where = f"{where} session_{number}"
+            if raw_turns is None or raw_turns == []:
+                self.empty_sessions_skipped += 1
+                continue
+            if not isinstance(raw_turns, list):
+                raise self.error(session_where, f"field 'conversation.session_{number}': expected a list of turns")
+            raw_date = dates_by_number.get(number)
+            if not isinstance(raw_date, str):
+                raise self.error(
+                    session_where, f"field 'conversation.session_{number}_date_time': missing or not a string"
+                )
+            try:
+                started_at = parse_session_date(raw_date)
+            except ValueError as exc:
+                raise self.error(session_where, f"field 'conversation.session_{number}_date_time': {exc}") from exc
+
+            turns = []
+            for turn_index, raw_turn in enumerate(raw_turns):
+                turn_where = f"{session_where} turn {turn_index}"
+                turn = self.turn(turn_where, raw_turn)
+                if turn is None:
+                    continue
+                if turn.turn_id in seen_turn_ids:
+                    raise self.error(
+                        turn_where,
+                        f"field 'dia_id': {turn.turn_id!r} already used in session_{seen_turn_ids[turn.turn_id]}",
+                    )
+                seen_turn_ids[turn.turn_id] = number
+                turns.append(turn)
+            if not turns:
+                self.empty_sessions_skipped += 1
+                continue
+            sessions.append(
+                Session(session_id=f"{sample_id}:session_{number}", namespace=namespace, started_at=started_at, turns=turns)
+            )
+        if not sessions:
+            raise self.error(where, "conversation has no session with turns")
+        return sessions
+
+    def turn(self, where: str, raw_turn: object) -> Turn | None:
+        try:
+            raw = _RawTurn.model_validate(raw_turn)
+        except ValidationError as exc:
+            raise self.error(where, describe_validation_error(exc)) from exc
+        caption = raw.blip_caption if raw.blip_caption and raw.blip_caption.strip() else None
+        if not raw.text.strip() and caption is None:
+            self.empty_turns_skipped += 1
+            return None
+        try:
+            return Turn(turn_id=raw.dia_id, speaker=raw.speaker, text=raw.text, image_caption=caption)
+        except ValidationError as exc:
+            raise self.error(where, describe_validation_error(exc)) from exc
+
+
+def read_locomo_sessions(
+    path: Path, namespace: str | None = None, conversations: Sequence[str] | None = None, raw: bytes | None = None
+) -> list[Session]:
+    """The sessions of a LoCoMo file's conversations (all, or the sample ids ``conversations``).
+
+    Each conversation goes to a namespace of its own (their turn ids repeat across
+    conversations): the sample id, or ``NAMESPACE-sample_id`` when a namespace is given for
+    several conversations (``NAMESPACE`` itself for one).
+    """
+    selected = [sample for _, sample in LocomoReader(path).samples(raw=raw)]
+    if conversations:
+        unknown = set(conversations) - {s.sample_id for s in selected}
+        if unknown:
+            raise InputFileError(f"{path}: no conversation {sorted(unknown)} (has {[s.sample_id for s in selected]})")
+        selected = [s for s in selected if s.sample_id in conversations]
+    sessions = []
+    for sample in selected:
+        target = sample.namespace if namespace is None else namespace if len(selected) == 1 else f"{namespace}-{sample.sample_id}"
+        check_namespace(target)
+        sessions.extend(s.model_copy(update={"namespace": target}) for s in sample.sessions)
+    return sessions

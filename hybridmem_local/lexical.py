@@ -1,45 +1,45 @@
-"""BM25 indexes (bm25s + PyStemmer): the lexical half of hybrid retrieval.
+"""BM25 indexes (bm25s tokenizer + PyStemmer, Lucene BM25 scoring): the lexical half of hybrid retrieval.
 
 One index per (namespace, source) — episodes, tuples, evidence windows — beside the hnswlib
-index of the same source, and like it a rebuildable cache of SQLite: on use it is checked
-against the ids SQLite holds as active and rebuilt when they differ. bm25s cannot add or
-remove documents, so every change is a rebuild, done lazily at the next search (a few
-milliseconds per thousand short documents; see scripts/bench_retrieval_budget.py).
+index of the same source, and like it a rebuildable cache of SQLite caught up by
+``indexes.StoreIndexes``: documents are added and removed one by one (only new documents are
+tokenized), so a write costs the next search milliseconds, not a rebuild of the whole index
+(bm25s itself cannot add or remove documents; it is used for tokenizing only). Scores are
+computed at query time from term frequencies, document lengths and document frequencies,
+with bm25s's default Lucene variant (k1 = 1.5, b = 0.75), so they always reflect the
+current corpus.
 
 On disk, in ``<store>.indexes/<namespace>/``:
 
 * ``<kind>.bm25.json`` — the manifest: format, text recipe, tokenizer, document count and
   the build it describes;
-* ``<kind>.bm25.<build>.*`` — that build's files: bm25s's own (the score matrix, vocabulary,
-  parameters) and ``labels.npy`` (the id of each document).
+* ``<kind>.bm25.<build>.*`` — that build's files: ``labels.npy`` (each document's id),
+  ``indptr.npy``/``indices.npy``/``data.npy`` (each document's term ids and counts, CSR) and
+  ``vocab.json`` (the terms).
 
-A save writes a new build's files and then replaces the manifest, so a crash leaves the old
-index or the new one, never a mix, and the next save removes any other build's files; a
-missing, unreadable or foreign index is rebuilt, never an error. Files are 0600 and folders
-0700: they hold words of private conversations.
+Saving follows ``files.GenerationFiles`` (a crash leaves the old index or the new one, never
+a mix); a missing, unreadable or foreign index is rebuilt, never an error. Files are 0600 and
+folders 0700: they hold words of private conversations.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
-import os
-import uuid
+from collections import Counter, defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from hybridmem_local.files import ensure_private_dir, remove_orphans
+from hybridmem_local.files import GenerationFiles
 from hybridmem_local.index import SyncReport
 from hybridmem_local.schema import Episode, RelationalTuple
-from hybridmem_local.store import MemoryStore
 
 # bm25s (which pulls in numba and scipy, 1-3 s) and PyStemmer are imported on first lexical
 # use, not with the package.
-if TYPE_CHECKING:
-    import bm25s
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,10 @@ def _bm25s():
     return bm25s
 
 #: Bumped when the on-disk layout changes; older indexes are then rebuilt.
-FORMAT = 1
+FORMAT = 2
+#: BM25 parameters (bm25s's defaults, Lucene variant).
+K1 = 1.5
+B = 0.75
 STEMMER_LANGUAGE = "english"
 STOPWORDS = "en"
 #: Names the tokenizer in manifests, so an index built another way is rebuilt, not misread.
@@ -96,216 +99,218 @@ class LexicalManifest(BaseModel):
     recipe: str
     tokenizer: str = TOKENIZER
     count: int
-    #: False when no document has a single term (bm25s writes no files for such a corpus).
-    has_terms: bool
     #: Names this build's files (``<kind>.bm25.<build>.*``).
     build: str
 
 
 class LexicalIndex:
-    """A BM25 index whose documents are labelled with integer ids (memory or window ids)."""
+    """A BM25 index whose documents are labelled with integer ids (memory or window ids).
+
+    Documents sit in slots (positions of the per-slot arrays); a removed document leaves an
+    empty slot until the slots are compacted. Each term keeps its postings as two arrays
+    (slots, counts), so a query touches only the postings of its own terms.
+    """
 
     def __init__(self, directory: Path, kind: str, recipe: str = "default"):
         self.directory = directory
         self.kind = kind
         self.recipe = recipe
-        self._bm25: bm25s.BM25 | None = None
-        self._labels: np.ndarray | None = None  # None: not loaded or built yet
+        self._files = GenerationFiles(directory, f"{kind}.bm25.json", f"{kind}.bm25.{{}}.", f"{kind}.bm25.json.{{}}.tmp", "build")
+        self._loaded = False
+        self._clear()
+
+    def _clear(self) -> None:
+        self._labels: list[int] = []  # slot → document id, -1 for an empty slot
+        self._lengths: list[int] = []  # slot → number of tokens
+        self._slot_of: dict[int, int] = {}
+        self._vocab: dict[str, int] = {}
+        self._postings: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # term id → (slots, counts)
+        self._doc_terms: dict[int, tuple[list[int], list[int]]] = {}  # slot → (term ids, counts): to save and remove it
+        self._total_length = 0
         self._dirty = False
 
     # ------------------------------------------------------------------ files
 
-    @property
-    def _manifest_path(self) -> Path:
-        return self.directory / f"{self.kind}.bm25.json"
-
-    def _build_files(self, build: str) -> dict[str, str]:
-        """File names of one build, keyed by the bm25s ``save``/``load`` argument they fill."""
-        stem = f"{self.kind}.bm25.{build}"
-        return {
-            "data_name": f"{stem}.data.npy",
-            "indices_name": f"{stem}.indices.npy",
-            "indptr_name": f"{stem}.indptr.npy",
-            "vocab_name": f"{stem}.vocab.json",
-            "params_name": f"{stem}.params.json",
-            "nnoc_name": f"{stem}.nonoccurrence.npy",
-        }
-
-    def _labels_path(self, build: str) -> Path:
-        return self.directory / f"{self.kind}.bm25.{build}.labels.npy"
-
     def files(self) -> list[Path]:
         """Every file of this index on disk (including leftovers of a crashed save)."""
-        if not self.directory.exists():
-            return []
-        return sorted(self.directory.glob(f"{self.kind}.bm25.*"))
+        return self._files.files()
 
     def delete_files(self) -> None:
-        for path in self.files():
-            path.unlink(missing_ok=True)
-        self._bm25, self._labels, self._dirty = None, None, False
+        self._files.delete()
+        self._clear()
+        self._loaded = False
 
     # ------------------------------------------------------------------ lifecycle
 
     def _load(self) -> str | None:
         """Load the persisted index; returns why it cannot be used, or None on success."""
-        if not self._manifest_path.exists():
+        if not self._files.manifest_path.exists():
             return "index files missing"
         try:
-            manifest = LexicalManifest.model_validate_json(self._manifest_path.read_text())
+            manifest = LexicalManifest.model_validate_json(self._files.manifest_path.read_text())
             if (manifest.format, manifest.recipe, manifest.tokenizer) != (FORMAT, self.recipe, TOKENIZER):
                 return f"index built as {manifest.recipe!r} with {manifest.tokenizer}, wanted {self.recipe!r} with {TOKENIZER}"
-            labels = np.load(self._labels_path(manifest.build))
-            if labels.ndim != 1 or len(labels) != manifest.count:
+            path = functools.partial(self._files.path, manifest.build)
+            labels = np.load(path("labels.npy"))
+            indptr, indices, data = (np.load(path(f"{name}.npy")) for name in ("indptr", "indices", "data"))
+            terms = json.loads(path("vocab.json").read_text())
+            if labels.ndim != 1 or len(labels) != manifest.count or len(indptr) != len(labels) + 1:
                 return "label file does not match manifest"
-            bm25 = None
-            if manifest.has_terms:
-                bm25s = _bm25s()
-
-                bm25 = bm25s.BM25.load(
-                    str(self.directory), **self._build_files(manifest.build), show_progress=False
-                )
-                if int(bm25.scores["num_docs"]) != manifest.count:
-                    return "bm25 matrix does not match manifest"
+            if len(indices) != len(data) or indptr[-1] != len(indices) or (len(indices) and indices.max() >= len(terms)):
+                return "term arrays do not match"
         except Exception as exc:  # any unreadable file means: rebuild from SQLite
             return f"index unreadable ({type(exc).__name__}: {exc})"
-        self._bm25, self._labels = bm25, labels.astype(np.int64)
+        self._clear()
+        slots = np.repeat(np.arange(len(labels), dtype=np.int64), np.diff(indptr))
+        self._labels = [int(x) for x in labels]
+        self._slot_of = {label: slot for slot, label in enumerate(self._labels)}
+        self._lengths = [int(x) for x in np.bincount(slots, weights=data, minlength=len(labels))]
+        self._total_length = sum(self._lengths)
+        self._vocab = {term: i for i, term in enumerate(terms)}
+        self._doc_terms = {
+            slot: (indices[indptr[slot] : indptr[slot + 1]].tolist(), data[indptr[slot] : indptr[slot + 1]].astype(int).tolist())
+            for slot in range(len(labels))
+        }
+        order = np.argsort(indices, kind="stable")
+        bounds = np.flatnonzero(np.diff(indices[order])) + 1
+        for group in np.split(order, bounds) if len(order) else []:
+            self._postings[int(indices[group[0]])] = (slots[group], data[group].astype(np.float32))
         return None
 
     def sync(self, active_ids: np.ndarray, texts_for: TextSource) -> SyncReport:
-        """Make the index hold exactly ``active_ids`` (rebuilding it if they differ)."""
-        wanted = np.unique(np.asarray(active_ids, dtype=np.int64))
-        problem = None
-        if self._labels is None:
+        """Make the index hold exactly ``active_ids``: load, then add and remove the difference
+        (or build from scratch when the saved index cannot be used)."""
+        wanted = set(np.asarray(active_ids, dtype=np.int64).tolist())
+        if not self._loaded:
+            self._loaded = True
             problem = self._load()
-        if problem is None and self._labels is not None and np.array_equal(self._labels, wanted):
-            return SyncReport()
-        old = set() if self._labels is None else set(self._labels.tolist())
-        new = set(wanted.tolist())
-        reason = problem or "ids differ from SQLite"
-        log.info("rebuilding %s lexical index in %s: %s", self.kind, self.directory, reason)
-        self.build(wanted, texts_for(wanted))
-        return SyncReport(rebuilt=True, reason=reason, added=len(new - old), removed=len(old - new))
+            if problem is not None:
+                log.info("rebuilding %s lexical index in %s: %s", self.kind, self.directory, problem)
+                ids = np.array(sorted(wanted), dtype=np.int64)
+                self.build(ids, texts_for(ids))
+                return SyncReport(rebuilt=True, reason=problem, added=len(ids))
+        to_remove = sorted(set(self._slot_of) - wanted)
+        to_add = np.array(sorted(wanted - set(self._slot_of)), dtype=np.int64)
+        self.remove(to_remove)
+        if len(to_add):
+            self.add(to_add, texts_for(to_add))
+        return SyncReport(added=len(to_add), removed=len(to_remove))
 
     def build(self, ids: np.ndarray, texts: Sequence[str]) -> None:
         """Index ``texts`` under ``ids`` from scratch (in memory; ``save`` persists it)."""
-        ids = np.asarray(ids, dtype=np.int64)
+        self._clear()
+        self._loaded = True
+        self.add(ids, texts)
+        self._dirty = True
+
+    def add(self, ids: np.ndarray, texts: Sequence[str]) -> None:
+        """Add documents (a document already present is replaced)."""
+        ids = [int(i) for i in np.asarray(ids, dtype=np.int64)]
         if len(ids) != len(texts):
             raise ValueError(f"{self.kind} lexical index: {len(ids)} ids for {len(texts)} texts")
-        order = np.argsort(ids, kind="stable")
-        ids, texts = ids[order], [texts[i] for i in order]
-        corpus = tokenize(texts)
-        bm25 = None
-        # bm25s cannot index a corpus without a single token; such an index simply finds nothing.
-        if any(corpus):
-            bm25s = _bm25s()
+        self.remove([i for i in ids if i in self._slot_of])
+        new_postings: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for doc_id, tokens in zip(ids, tokenize(texts) if ids else []):
+            slot = len(self._labels)
+            self._labels.append(doc_id)
+            self._lengths.append(len(tokens))
+            self._total_length += len(tokens)
+            self._slot_of[doc_id] = slot
+            counts = Counter(tokens)
+            term_ids = [self._vocab.setdefault(term, len(self._vocab)) for term in counts]
+            self._doc_terms[slot] = (term_ids, list(counts.values()))
+            for term_id, count in zip(term_ids, counts.values()):
+                new_postings[term_id].append((slot, count))
+        for term_id, pairs in new_postings.items():
+            slots = np.array([p[0] for p in pairs], dtype=np.int64)
+            counts = np.array([p[1] for p in pairs], dtype=np.float32)
+            if term_id in self._postings:
+                old_slots, old_counts = self._postings[term_id]
+                slots, counts = np.concatenate([old_slots, slots]), np.concatenate([old_counts, counts])
+            self._postings[term_id] = (slots, counts)
+        self._dirty = self._dirty or bool(ids)
 
-            bm25 = bm25s.BM25()
-            bm25.index(corpus, show_progress=False)
-        self._bm25, self._labels, self._dirty = bm25, ids, True
+    def remove(self, ids: Sequence[int]) -> None:
+        """Remove documents by id (ids not in the index are ignored)."""
+        slots = [self._slot_of.pop(int(i)) for i in ids if int(i) in self._slot_of]
+        if not slots:
+            return
+        touched: set[int] = set()
+        for slot in slots:
+            touched.update(self._doc_terms.pop(slot)[0])
+            self._total_length -= self._lengths[slot]
+            self._labels[slot], self._lengths[slot] = -1, 0
+        gone = np.array(slots, dtype=np.int64)
+        for term_id in touched:
+            term_slots, counts = self._postings[term_id]
+            keep = ~np.isin(term_slots, gone)
+            if keep.any():
+                self._postings[term_id] = (term_slots[keep], counts[keep])
+            else:
+                del self._postings[term_id]
+        self._dirty = True
+        if len(self._labels) > 2 * len(self._slot_of) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop empty slots (and unused terms) by renumbering the live documents."""
+        live = sorted(self._slot_of.items())  # (doc id, old slot)
+        renumber = np.full(len(self._labels), -1, dtype=np.int64)
+        for new, (_, old) in enumerate(live):
+            renumber[old] = new
+        self._labels = [doc_id for doc_id, _ in live]
+        self._lengths = [self._lengths[old] for _, old in live]
+        self._doc_terms = {new: self._doc_terms[old] for new, (_, old) in enumerate(live)}
+        self._slot_of = {doc_id: new for new, (doc_id, _) in enumerate(live)}
+        self._postings = {t: (renumber[slots], counts) for t, (slots, counts) in self._postings.items()}
 
     def save(self) -> None:
-        """Persist a changed index: the new build's files, then the manifest, then cleanup."""
-        if not self._dirty or self._labels is None:
+        """Persist a changed index as a new build (``files.GenerationFiles``)."""
+        if not self._dirty or not self._loaded:
             return
-        ensure_private_dir(self.directory)
-        build = uuid.uuid4().hex[:12]
-        if self._bm25 is not None:
-            self._bm25.save(str(self.directory), **self._build_files(build), show_progress=False)
-        np.save(self._labels_path(build), self._labels)
-        current = f"{self.kind}.bm25.{build}."
-        for path in self.files():
-            if path.name.startswith(current):
-                os.chmod(path, 0o600)
-        tmp_manifest = self.directory / f"{self.kind}.bm25.json.{build}.tmp"  # unique: processes may save at once
-        tmp_manifest.write_text(
-            LexicalManifest(
-                recipe=self.recipe, count=len(self._labels), has_terms=self._bm25 is not None, build=build
-            ).model_dump_json()
-        )
-        os.chmod(tmp_manifest, 0o600)
-        replaced = self._committed_build()
-        os.replace(tmp_manifest, self._manifest_path)
-        # Remove at once only the build this save replaced: another process may be mid-save with
-        # files of its own that no manifest names yet; other unnamed files go once they are old.
-        if replaced is not None and replaced != build:
-            for path in self.files():
-                if path.name.startswith(f"{self.kind}.bm25.{replaced}."):
-                    path.unlink(missing_ok=True)
-        committed = self._committed_build()
-        remove_orphans(
-            p for p in self.files()
-            if p != self._manifest_path and not (committed and p.name.startswith(f"{self.kind}.bm25.{committed}."))
-        )
-        self._dirty = False
+        live = sorted(self._slot_of.items())
+        labels = np.array([doc_id for doc_id, _ in live], dtype=np.int64)
+        rows = [self._doc_terms[slot] for _, slot in live]
+        indptr = np.cumsum([0] + [len(term_ids) for term_ids, _ in rows]).astype(np.int64)
+        indices = np.array([t for term_ids, _ in rows for t in term_ids], dtype=np.int64)
+        data = np.array([c for _, counts in rows for c in counts], dtype=np.float32)
+        terms = sorted(self._vocab, key=self._vocab.__getitem__)
 
-    def _committed_build(self) -> str | None:
-        try:
-            return LexicalManifest.model_validate_json(self._manifest_path.read_text()).build
-        except (OSError, ValueError):
-            return None
+        def write(build: str) -> None:
+            for name, array in (("labels", labels), ("indptr", indptr), ("indices", indices), ("data", data)):
+                np.save(self._files.path(build, f"{name}.npy"), array)
+            self._files.path(build, "vocab.json").write_text(json.dumps(terms))
+
+        self._files.save(write, lambda build: LexicalManifest(recipe=self.recipe, count=len(labels), build=build))
+        self._dirty = False
 
     # ------------------------------------------------------------------ queries
 
     def __len__(self) -> int:
-        return 0 if self._labels is None else len(self._labels)
+        return len(self._slot_of)
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """Top-k (id, BM25 score) of the documents sharing at least one term with ``query``."""
-        if self._bm25 is None or k <= 0:
+        if not self._slot_of or k <= 0:
             return []
-        token_ids = self._bm25.get_tokens_ids(tokenize([query])[0])
-        if not token_ids:
+        # A repeated query word counts once per occurrence, as in bm25s.
+        term_ids = [self._vocab[t] for t in tokenize([query])[0] if t in self._vocab and self._vocab[t] in self._postings]
+        if not term_ids:
             return []
-        scores = self._bm25.get_scores_from_ids(token_ids)
+        n_docs = len(self._slot_of)
+        lengths = np.asarray(self._lengths, dtype=np.float64)
+        norm = K1 * ((1 - B) + B * lengths / (self._total_length / n_docs))
+        scores = np.zeros(len(self._labels), dtype=np.float64)
+        for term_id in term_ids:
+            slots, counts = self._postings[term_id]
+            idf = np.log(1 + (n_docs - len(slots) + 0.5) / (len(slots) + 0.5))
+            scores[slots] += idf * counts / (norm[slots] + counts)
         matching = np.flatnonzero(scores > 0)
-        # Stable sort: equal scores keep id order, so results are reproducible.
         if len(matching) > k:
-            # Common words match most of a large store: select the top k before sorting them
-            # (3 ms → 0.2 ms at 100k documents, scripts/bench_search.py).
+            # Common words match most of a large store: select the top k before sorting them.
             kth = np.partition(scores[matching], len(matching) - k)[len(matching) - k]
             matching = matching[scores[matching] >= kth]
-        top = matching[np.argsort(-scores[matching], kind="stable")[:k]]
-        return [(int(self._labels[i]), float(scores[i])) for i in top]
-
-
-class MemoryLexicalIndexes:
-    """The BM25 indexes of the memory stores, one per (namespace, kind), in step with SQLite.
-
-    An index is checked against SQLite's active ids when first used and again whenever the
-    event log has moved (every memory write, from this process or another, adds an event),
-    and rebuilt and saved when the ids differ.
-    """
-
-    #: Changing what :func:`memory_text` returns must change this, so old indexes rebuild.
-    RECIPE = "memory-v1: episode title+summary+details; tuple render()"
-
-    def __init__(self, store: MemoryStore, index_dir: Callable[[str], Path]):
-        self.store = store
-        self.index_dir = index_dir
-        self._indexes: dict[tuple[str, str], LexicalIndex] = {}
-        self._checked_at: dict[tuple[str, str], int] = {}
-
-    def get(self, namespace: str, kind: str) -> LexicalIndex:
-        key = (namespace, kind)
-        index = self._indexes.get(key)
-        if index is None:
-            index = self._indexes[key] = LexicalIndex(self.index_dir(namespace), kind, self.RECIPE)
-        marker = self.store.last_event_id()
-        if self._checked_at.get(key) != marker:
-            report = index.sync(self.store.active_ids(namespace, kind), self._texts)
-            if report.rebuilt:
-                index.save()
-            self._checked_at[key] = marker
-        return index
-
-    def _texts(self, ids: np.ndarray) -> list[str]:
-        rows = self.store.get_memories([int(i) for i in ids])
-        return [memory_text(rows[int(i)]) for i in ids]
-
-    def drop(self, namespace: str) -> None:
-        """Forget the namespace's loaded indexes and delete their files."""
-        for kind in {k for ns, k in self._indexes if ns == namespace} | {"episode", "tuple"}:
-            index = self._indexes.pop((namespace, kind), None) or LexicalIndex(self.index_dir(namespace), kind)
-            self._checked_at.pop((namespace, kind), None)
-            index.delete_files()
+        labels = np.asarray(self._labels, dtype=np.int64)[matching]
+        # Equal scores in id order, so results are reproducible however the slots were filled.
+        order = np.lexsort((labels, -scores[matching]))[:k]
+        return [(int(labels[i]), float(scores[matching][i])) for i in order]

@@ -1,35 +1,36 @@
-"""HybridMemory: the one entry point that wires store, embedder, indexes and retrieval.
+"""HybridMemory: the one entry point that wires store, embedder, indexes, curation and consolidation.
 
     with HybridMemory.open("memory.db") as memory:
         memory.add_session(session)                 # raw turns (+ curation when an LLM is set)
         memory.add_memories("alice", episodes=[...], tuples=[...])
         result = memory.search("Where did Alice move?", namespace="alice")
 
-The SQLite file is the truth. Indexes live beside it (``memory.db.indexes/``) and are caught
-up with SQLite whenever they are first used, and again whenever another process has
-committed since (``PRAGMA data_version``).
+The SQLite file is the truth; every write goes to it first. The indexes (``indexes.py``) live
+beside it (``memory.db.indexes/``) and catch up with it whenever they are used after a commit,
+of this process or another. Consolidation (``consolidation.py``) only plans; the changes a plan
+makes — merges through the same ``supersede`` step as ``update``, deletions, undo, purge — are
+applied here, on the store.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-from contextlib import nullcontext as _nullcontext
-from datetime import datetime, timedelta
+import time
+from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hybridmem_local.config import Config, load_config
-from hybridmem_local.llm.base import StructuredLLM
+from hybridmem_local.dedup import fold_repeats, plan_duplicates
 from hybridmem_local.embedding import Embedder, build_embedder
-from hybridmem_local.index import SyncReport, VectorIndex
-from hybridmem_local.lexical import MemoryLexicalIndexes
-from hybridmem_local.retrieval import Retriever
+from hybridmem_local.files import owner_only_opener
+from hybridmem_local.index import SyncReport
+from hybridmem_local.indexes import StoreIndexes
+from hybridmem_local.llm.base import StructuredLLM
+from hybridmem_local.retrieval import Retriever, SearchFilters
 from hybridmem_local.schema import (
     Episode,
     EpisodeDraft,
@@ -40,6 +41,7 @@ from hybridmem_local.schema import (
     Session,
     TupleDraft,
     check_namespace,
+    utcnow,
 )
 from hybridmem_local.store import (
     DuplicateSessionError,
@@ -47,21 +49,19 @@ from hybridmem_local.store import (
     MemoryStore,
     NotFoundError,
     SessionRecord,
-    StoreError,
     text_hash,
 )
-from hybridmem_local.windows import WindowSources
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
-
     from hybridmem_local.answering import Answer
+    from hybridmem_local.clustering import Clusterer
     from hybridmem_local.consolidation import ConsolidationReport, PurgeReport, UndoReport
     from hybridmem_local.curation import CurationOutcome
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[MemoryKind, ...] = ("episode", "tuple")
+#: Told after each curated batch: (sessions done, sessions in all). The CLI draws a bar with it.
+ProgressCallback = Callable[[int, int], None]
 
 
 class Stats(BaseModel):
@@ -83,12 +83,27 @@ class IngestReport(BaseModel):
     memories: int = 0
     #: Memories the LLM wrote without content (only turn ids, a decoding loop), left out.
     memories_left_out: int = 0
+    #: Memories without a valid cited turn id, aligned to their window's turns (provenance.py).
+    memories_aligned: int = 0
+    #: Curated memories that repeated an active one (dedup.py): not stored, their turns went to it.
+    duplicates_skipped: int = 0
     llm_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     llm_seconds: float = 0.0
     #: Consolidation runs triggered by ``consolidation.every_n_sessions``.
     consolidation_runs: list[int] = []
+
+
+class AddSessionResult(BaseModel):
+    """What ``add_session`` stored: the session (with its curation status) and the memories
+    curated from it (none when curation is queued or failed), with the ingest's figures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session: SessionRecord
+    memories: list[Episode | RelationalTuple]
+    report: IngestReport
 
 
 class HybridMemory:
@@ -99,21 +114,8 @@ class HybridMemory:
         self.config = config
         self._embedder = embedder
         self._llm = llm
-        self._indexes: dict[tuple[str, MemoryKind], VectorIndex] = {}
-        self._seen_data_version = store.data_version()
-        # --- hybrid retrieval (lexical.py, windows.py): BM25 indexes and raw-turn evidence windows,
-        # each a rebuildable cache of SQLite that catches up on use.
-        self.lexical = MemoryLexicalIndexes(store, self._index_dir)
-        self.windows = WindowSources(
-            store, self._index_dir, config.index,
-            shape=lambda: (self.config.retrieval.window_size, self.config.retrieval.window_stride),
-            embedder_id=lambda: (self.embedder.model_id, self.embedder.dimension),
-            embed=self._embed_cached,
-        )
-        self.retriever = Retriever(
-            store, self.index_for, self.embed_query, config.retrieval, self.lexical.get, self.windows.get
-        )
-        # --- end hybrid retrieval
+        self.indexes = StoreIndexes(store, config, lambda: self.embedder)
+        self.retriever = Retriever(store, self.indexes, config.retrieval)
 
     @classmethod
     def open(
@@ -146,11 +148,10 @@ class HybridMemory:
         self.store.close()
 
     def flush(self) -> None:
-        """Persist the in-memory indexes (they are a cache: losing them only costs a rebuild)."""
-        for index in self._indexes.values():
-            index.save()
+        """Persist the changed indexes (they are a cache: losing them only costs a rebuild)."""
+        self.indexes.flush()
 
-    # ------------------------------------------------------------------ embeddings and indexes
+    # ------------------------------------------------------------------ backends
 
     @property
     def embedder(self) -> Embedder:
@@ -171,96 +172,26 @@ class HybridMemory:
     def _llm_cache_path(self) -> Path:
         return Path(str(self.store.path) + ".llm_cache.sqlite")
 
-    def embed_query(self, text: str) -> np.ndarray:
-        return self.embedder.embed([text])[0]
-
-    def _index_dir(self, namespace: str) -> Path:
-        if self.store.path is None:
-            raise StoreError("an in-memory store has no index directory")
-        return Path(str(self.store.path) + ".indexes") / namespace
-
-    def _vectors_for(self, namespace: str, ids: np.ndarray) -> np.ndarray:
-        """Vectors of memories by id: from the embedding cache, embedding (and caching) the rest."""
-        rows = self.store.get_memories([int(i) for i in ids])
-        texts = [rows[int(i)].index_text() for i in ids]
-        return self._embed_cached(namespace, texts)
-
-    def _embed_cached(self, namespace: str, texts: Sequence[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.embedder.dimension), dtype=np.float32)
-        model_id = self.embedder.model_id
-        cached = self.store.get_embeddings(namespace, model_id, texts)
-        missing = sorted({t for t in texts if text_hash(t) not in cached})
-        if missing:
-            vectors = self.embedder.embed(missing)
-            self.store.put_embeddings(namespace, model_id, missing, vectors)
-            cached.update({text_hash(t): v for t, v in zip(missing, vectors)})
-        return np.stack([cached[text_hash(t)] for t in texts])
-
-    def index_for(self, namespace: str, kind: MemoryKind) -> VectorIndex:
-        """The namespace's index for one store, caught up with SQLite."""
-        version = self.store.data_version()
-        if version != self._seen_data_version:
-            # Another process committed: catch every loaded index up (a cheap id-set diff).
-            self._seen_data_version = version
-            for (ns, k) in list(self._indexes):
-                self._sync(ns, k)
-        if (namespace, kind) not in self._indexes:
-            self._indexes[(namespace, kind)] = VectorIndex(
-                self._index_dir(namespace), kind, self.embedder.model_id, self.embedder.dimension, self.config.index
-            )
-            report = self._sync(namespace, kind)
-            if report.rebuilt or report.added or report.removed:
-                self._indexes[(namespace, kind)].save()
-        return self._indexes[(namespace, kind)]
-
-    def _sync(self, namespace: str, kind: MemoryKind) -> SyncReport:
-        index = self._indexes[(namespace, kind)]
-        return index.sync(self.store.active_ids(namespace, kind), lambda ids: self._vectors_for(namespace, ids))
-
     def rebuild_indexes(self, namespace: str) -> dict[str, SyncReport]:
         """Throw the namespace's index files away and build them again from SQLite."""
-        reports = {}
-        for kind in KINDS:
-            self._drop_index(namespace, kind)
-            index = VectorIndex(self._index_dir(namespace), kind, self.embedder.model_id, self.embedder.dimension, self.config.index)
-            self._indexes[(namespace, kind)] = index
-            reports[kind] = self._sync(namespace, kind)
-            index.save()
-        self.lexical.drop(namespace)  # hybrid retrieval: BM25 and window indexes rebuild on next use
-        self.windows.drop(namespace)
-        return reports
-
-    def _drop_index(self, namespace: str, kind: MemoryKind) -> None:
-        index = self._indexes.pop((namespace, kind), None) or VectorIndex(
-            self._index_dir(namespace), kind, "", 0, self.config.index
-        )
-        index.delete_files()
-
-    def _apply_to_indexes(self, namespace: str, added: Sequence[Episode | RelationalTuple] = (), removed: Sequence[Episode | RelationalTuple] = ()) -> None:
-        """Mirror a committed change in the loaded indexes (unloaded ones catch up on first use).
-
-        ``PRAGMA data_version`` ignores this connection's own commits, so the staleness check
-        in ``index_for`` still sees any other process's commit that landed meanwhile.
-        """
-        for kind in KINDS:
-            index = self._indexes.get((namespace, kind))
-            if index is None:
-                continue
-            new = [m for m in added if m.kind == kind]
-            if new:
-                ids = np.array([m.id for m in new], dtype=np.int64)
-                index.add(ids, self._embed_cached(namespace, [m.index_text() for m in new]))
-            index.remove([m.id for m in removed if m.kind == kind])
+        return self.indexes.rebuild(namespace)
 
     # ------------------------------------------------------------------ writes
 
-    def add_session(self, session: Session) -> SessionRecord:
+    def add_session(self, session: Session) -> AddSessionResult:
         """Store one session and curate it (or queue it: ``curation.mode``); see ``ingest``."""
-        self.ingest([session])
-        return self.store.get_session(session.namespace, session.session_id)
+        report = IngestReport()
+        stored = self._ingest([session], curate=True, report=report, on_progress=None)
+        ids = stored.get((session.namespace, session.session_id), [])
+        return AddSessionResult(
+            session=self.store.get_session(session.namespace, session.session_id),
+            memories=list(self.store.get_memories(ids).values()),
+            report=report,
+        )
 
-    def ingest(self, sessions: Sequence[Session], curate: bool = True, progress: Progress | None = None) -> IngestReport:
+    def ingest(
+        self, sessions: Sequence[Session], curate: bool = True, on_progress: ProgressCallback | None = None
+    ) -> IngestReport:
         """Store sessions and curate them in batches (one batched LLM call per batch).
 
         Each session is written in one transaction together with its memories. A session
@@ -269,78 +200,96 @@ class HybridMemory:
         are skipped, so an interrupted ingest can simply be run again.
         """
         report = IngestReport()
+        self._ingest(sessions, curate, report, on_progress)
+        return report
+
+    def _ingest(
+        self, sessions: Sequence[Session], curate: bool, report: IngestReport, on_progress: ProgressCallback | None
+    ) -> dict[tuple[str, str], list[int]]:
+        """Store the sessions not stored yet (curated, or queued); returns the memory ids stored
+        per (namespace, session id)."""
         new = [s for s in sessions if not self.store.has_session(s.namespace, s.session_id)]
-        report.skipped = len(sessions) - len(new)
-        curate = curate and self.config.curation.mode == "sync"
-        if not curate:
+        report.skipped += len(sessions) - len(new)
+        if not (curate and self.config.curation.mode == "sync"):
             for session in new:
                 try:
                     self.store.insert_session(session, curation_status="pending")
                     report.stored += 1
                 except DuplicateSessionError:  # another process stored it since the check above
                     report.skipped += 1
-            return report
-        self._curate_and_store(new, already_stored=False, report=report, progress=progress)
+            return {}
+        stored = self._curate_and_store(new, already_stored=False, report=report, on_progress=on_progress)
         report.consolidation_runs = self._scheduled_consolidation({s.namespace for s in new})
-        return report
+        return stored
 
     def curate_pending(
         self,
         namespace: str | None = None,
         retry_failed: bool = False,
-        progress: Progress | None = None,
+        on_progress: ProgressCallback | None = None,
         limit: int | None = None,
     ) -> IngestReport:
         """Curate sessions stored raw (``pending``), and failed ones too with ``retry_failed``,
         oldest first; at most ``limit`` of them when given."""
         statuses = ["pending"] + (["curation_failed"] if retry_failed else [])
         records = self.store.sessions_to_curate(statuses, namespace=namespace, limit=limit)
-        return self.curate_stored([r.session for r in records], progress=progress)
+        return self.curate_stored([r.session for r in records], on_progress=on_progress)
 
-    def curate_stored(self, sessions: Sequence[Session], progress: Progress | None = None) -> IngestReport:
+    def curate_stored(self, sessions: Sequence[Session], on_progress: ProgressCallback | None = None) -> IngestReport:
         """Curate sessions already stored (pending or failed) in batches, then run the
         consolidation their namespaces are due. A session curated meanwhile by another process
         is skipped, never stored twice."""
         report = IngestReport()
-        self._curate_and_store(sessions, already_stored=True, report=report, progress=progress)
+        self._curate_and_store(sessions, already_stored=True, report=report, on_progress=on_progress)
         report.consolidation_runs = self._scheduled_consolidation({s.namespace for s in sessions})
         return report
 
-    def _curate_and_store(self, sessions: Sequence[Session], already_stored: bool, report: IngestReport, progress: Progress | None) -> None:
+    def _curate_and_store(
+        self, sessions: Sequence[Session], already_stored: bool, report: IngestReport, on_progress: ProgressCallback | None
+    ) -> dict[tuple[str, str], list[int]]:
         from hybridmem_local.curation import Curator
 
-        curator = Curator(self.llm, self.config.llm, self.config.curation)
+        curator = Curator(self.llm, self.config.llm, self.config.curation, embed=self.embedder.embed)
         batch = self.config.curation.batch_sessions
-        task = progress.add_task("curating sessions", total=len(sessions)) if progress else None
-        with progress or _nullcontext():
-            for start in range(0, len(sessions), batch):
-                chunk = sessions[start : start + batch]
-                for session, outcome in zip(chunk, curator.curate(chunk)):
-                    report.llm_calls += outcome.llm_calls
-                    report.prompt_tokens += outcome.prompt_tokens
-                    report.completion_tokens += outcome.completion_tokens
-                    report.llm_seconds += outcome.seconds
-                    report.memories_left_out += len(outcome.dropped_memories)
-                    try:
-                        self._store_outcome(session, outcome, already_stored, report)
-                    except DuplicateSessionError:  # another process stored it meanwhile
-                        report.skipped += 1
-                if task is not None:
-                    progress.advance(task, len(chunk))
+        stored: dict[tuple[str, str], list[int]] = {}
+        for start in range(0, len(sessions), batch):
+            chunk = sessions[start : start + batch]
+            for session, outcome in zip(chunk, curator.curate(chunk)):
+                report.llm_calls += outcome.llm_calls
+                report.prompt_tokens += outcome.prompt_tokens
+                report.completion_tokens += outcome.completion_tokens
+                report.llm_seconds += outcome.seconds
+                report.memories_left_out += len(outcome.dropped_memories)
+                report.memories_aligned += outcome.aligned_memories
+                try:
+                    stored[(session.namespace, session.session_id)] = self._store_outcome(
+                        session, outcome, already_stored, report
+                    )
+                except DuplicateSessionError:  # another process stored it meanwhile
+                    report.skipped += 1
+            if on_progress is not None:
+                on_progress(min(start + batch, len(sessions)), len(sessions))
+        return stored
 
-    def _store_outcome(self, session: Session, outcome: CurationOutcome, already_stored: bool, report: IngestReport) -> None:
-        """Write one session's curation: its memories, or the failure status (never losing the turns)."""
+    def _store_outcome(
+        self, session: Session, outcome: CurationOutcome, already_stored: bool, report: IngestReport
+    ) -> list[int]:
+        """Write one session's curation: its memories (their ids are returned), or the failure
+        status (never losing the turns)."""
+        ids: list[int] = []
         if outcome.ok and outcome.result is not None:
-            ids = self.add_memories(
+            held, duplicates = self._write_memories(
                 session.namespace,
-                episodes=outcome.result.episodes,
-                tuples=outcome.result.tuples,
+                [*outcome.result.episodes, *outcome.result.tuples],
                 session=None if already_stored else session,
                 source_session_id=session.session_id,
                 prompt_version=outcome.prompt_version,
                 require_uncurated=already_stored,
+                deduplicate=True,
             )
-            report.memories += len(ids)
+            ids = list(dict.fromkeys(held))
+            report.memories += len(held) - duplicates
+            report.duplicates_skipped += duplicates
             report.curated += 1
         else:
             log.warning("curation of session %s failed: %s", session.session_id, outcome.error)
@@ -352,15 +301,14 @@ class HybridMemory:
                 self.store.insert_session(session, curation_status="curation_failed", curation_error=outcome.error)
             report.failed += 1
         report.stored += 0 if already_stored else 1
+        return ids
 
     def _scheduled_consolidation(self, namespaces: set[str]) -> list[int]:
         if self.config.consolidation.every_n_sessions == 0:
             return []
-        from hybridmem_local.consolidation import maybe_consolidate
-
         runs = []
         for namespace in sorted(namespaces):
-            report = maybe_consolidate(self, namespace, self.llm)
+            report = self.consolidate_if_due(namespace)
             if report is not None and report.run_id is not None:
                 runs.append(report.run_id)
         return runs
@@ -383,17 +331,42 @@ class HybridMemory:
         same transaction; with ``require_uncurated`` too, nothing is written (AlreadyCuratedError)
         when that session is curated already, so two curators never store its memories twice.
         """
+        ids, _ = self._write_memories(
+            namespace, [*episodes, *tuples], session, source_session_id, prompt_version, require_uncurated
+        )
+        return ids
+
+    def _write_memories(
+        self,
+        namespace: str,
+        memories: Sequence[EpisodeDraft | TupleDraft],
+        session: Session | None = None,
+        source_session_id: str | None = None,
+        prompt_version: str | None = None,
+        require_uncurated: bool = False,
+        deduplicate: bool = False,
+    ) -> tuple[list[int], int]:
+        """``add_memories``; with ``deduplicate`` (curated writes), a memory repeating an active one
+        is not stored and its turns go to that row (dedup.py). Returns, per memory, the id of the
+        row holding it, and how many were repeats."""
         check_namespace(namespace)
-        memories = [*episodes, *tuples]
         if session is not None and session.namespace != namespace:
             raise ValueError(f"session {session.session_id!r} belongs to namespace {session.namespace!r}, not {namespace!r}")
         self._check_provenance(namespace, memories, session)
         texts = [_as_stored(m, namespace).index_text() for m in memories]
-        model_id = self.embedder.model_id
-        cached = self.store.get_embeddings(namespace, model_id, texts)
-        missing = sorted({t for t in texts if text_hash(t) not in cached})
-        vectors = self.embedder.embed(missing)
+        missing, vectors = self.indexes.uncached(namespace, texts)
         source_session_id = session.session_id if session is not None else source_session_id
+        plan = None
+        if deduplicate:
+            fresh = dict(zip(missing, vectors))
+            cached = self.store.get_embeddings(namespace, self.embedder.model_id, texts)
+            plan = plan_duplicates(
+                memories, [fresh[t] if t in fresh else cached[text_hash(t)] for t in texts],
+                candidates=lambda kind, timestamp: self.store.duplicate_candidates(namespace, kind, timestamp, source_session_id),
+                vectors_of=lambda stored_texts: self.indexes.embed(namespace, stored_texts),
+                threshold=self.config.curation.duplicate_cosine,
+                same_session=source_session_id is not None,
+            )
         with self.store.transaction():
             if session is not None:
                 self.store.insert_session(session, curation_status="curated", prompt_version=prompt_version)
@@ -402,10 +375,11 @@ class HybridMemory:
                     namespace, source_session_id, "curated", prompt_version=prompt_version,
                     require_uncurated=require_uncurated,
                 )
-            ids = self.store.insert_memories(namespace, memories, source_session_id=source_session_id)
-            self.store.put_embeddings(namespace, model_id, missing, vectors)
-        self._apply_to_indexes(namespace, added=list(self.store.get_memories(ids).values()))
-        return ids
+            ids = self.store.insert_memories(namespace, plan.new if plan else memories, source_session_id=source_session_id)
+            self.store.put_embeddings(namespace, self.embedder.model_id, missing, vectors)
+            if plan is not None:
+                ids = fold_repeats(self.store, plan, ids)
+        return ids, len(plan.repeats) if plan else 0
 
     def _check_provenance(self, namespace: str, memories: Sequence[EpisodeDraft | TupleDraft], session: Session | None) -> None:
         cited = {t for m in memories for t in m.source_turn_ids}
@@ -416,26 +390,68 @@ class HybridMemory:
         if unknown:
             raise ValueError(f"source_turn_ids name turns that namespace {namespace!r} does not have: {sorted(unknown)[:5]}")
 
+    def update(self, memory_id: int, reason: str = "updated by user", **fields: Any) -> Episode | RelationalTuple:
+        """Change an active memory's content: the changed record is stored as a new memory that
+        supersedes the old one (content is never edited in place, so history and indexes stay
+        exact), with an ``update`` event carrying the old row as ``before``. Returns the new
+        memory; ``get(old_id).superseded_by`` points at it.
+
+        ``fields`` are the record's own (an episode's ``title``, ``summary``, ``details``,
+        ``timestamp``, ``source_turn_ids``; a tuple's ``entity``, ``relation``, ``object``,
+        ``context``, ``timestamp``, ``source_turn_ids``). Nothing changes (and nothing is
+        written) when they equal the current values.
+        """
+        old = self.get(memory_id)
+        if old.status != MemoryStatus.active:
+            hint = f"; update its successor {old.superseded_by}" if old.superseded_by is not None else ""
+            raise ValueError(f"memory {memory_id} is {old.status.value}, only an active memory can be updated{hint}")
+        draft_type = EpisodeDraft if old.kind == "episode" else TupleDraft
+        current = draft_type.model_validate(old.model_dump(include=set(draft_type.model_fields)))
+        try:
+            # Turns a caller gives are cited by that caller: provenance follows them, not the old row.
+            kept = current.model_dump(exclude={"provenance"} if "source_turn_ids" in fields else set())
+            draft = draft_type.model_validate({**kept, **fields})
+        except ValidationError as exc:
+            raise ValueError(f"update of memory {memory_id}: {exc}") from exc
+        if draft == current:
+            return old
+        self._check_provenance(old.namespace, [draft], None)
+        new = _as_stored(draft, old.namespace).model_copy(update={"source_session_id": old.source_session_id})
+        (new_id,) = self._supersede(old.namespace, [([memory_id], new)], reason=reason, action="update")
+        return self.get(new_id)
+
+    def _supersede(
+        self,
+        namespace: str,
+        replacements: Sequence[tuple[Sequence[int], Episode | RelationalTuple]],
+        reason: str,
+        action: str,
+        run_id: int | None = None,
+    ) -> list[int]:
+        """The one step behind ``update`` and a consolidation merge: each new record stored as the
+        active successor of its sources (``MemoryStore.supersede``), embedded before the
+        transaction (a failure there changes nothing). Joins the caller's transaction."""
+        missing, vectors = self.indexes.uncached(namespace, [new.index_text() for _, new in replacements])
+        with self.store.transaction():
+            self.store.put_embeddings(namespace, self.embedder.model_id, missing, vectors)
+            return [
+                self.store.supersede(namespace, list(sources), new, reason=reason, action=action, run_id=run_id)
+                for sources, new in replacements
+            ]
+
     def delete(self, memory_id: int, reason: str = "deleted by user") -> None:
         """Mark a memory deleted (kept in history; ``forget`` removes data physically)."""
         memory = self.get(memory_id)
         if memory.status == MemoryStatus.deleted:
             return
         self.store.set_status(memory_id, MemoryStatus.deleted, reason=reason)
-        self._apply_to_indexes(memory.namespace, removed=[memory])
 
     def forget(self, namespace: str) -> dict[str, int]:
         """Remove every trace of a namespace: rows, history, vectors, index files, exports."""
         check_namespace(namespace)
         exports = self.store.exports(namespace)
         counts = self.store.forget_namespace(namespace)
-        for kind in KINDS:
-            self._drop_index(namespace, kind)
-        self.lexical.drop(namespace)  # hybrid retrieval: BM25 and window indexes
-        self.windows.drop(namespace)
-        index_dir = self._index_dir(namespace) if self.store.path is not None else None
-        if index_dir is not None and index_dir.exists():
-            shutil.rmtree(index_dir)
+        self.indexes.forget(namespace)
         for path in exports:
             path.unlink(missing_ok=True)
         counts["exports"] = len(exports)
@@ -447,34 +463,163 @@ class HybridMemory:
 
     # ------------------------------------------------------------------ consolidation
 
-    def consolidate(self, namespace: str, dry_run: bool = False) -> ConsolidationReport:
-        """Cluster the namespace's active memories and let the LLM merge/retire them (paper §3.2)."""
-        from hybridmem_local.clustering import make_clusterer
-        from hybridmem_local.consolidation import consolidate
+    def consolidate(
+        self,
+        namespace: str,
+        dry_run: bool = False,
+        llm: StructuredLLM | None = None,
+        clusterer: Clusterer | None = None,
+        clusters: Mapping[MemoryKind, Sequence[Sequence[int]]] | None = None,
+    ) -> ConsolidationReport:
+        """Cluster the namespace's active memories, let the LLM plan merges and deletions
+        (``consolidation.plan_consolidation``), and apply the plan as one undoable run (paper §3.2).
 
-        return consolidate(self, namespace, self.llm, make_clusterer(self.config.consolidation), dry_run=dry_run)
+        ``llm`` and ``clusterer`` default to the configured ones; ``clusters`` skips embedding and
+        clustering (memory ids grouped per store: replays, tests). A dry run returns the plan and
+        changes no memory, event, run or counter.
+        """
+        from hybridmem_local.consolidation import plan_consolidation
+
+        report = plan_consolidation(
+            self.indexes, namespace, self.llm if llm is None else llm, self.config, clusterer=clusterer, clusters=clusters
+        )
+        return report if dry_run else self.apply_consolidation(report)
+
+    def consolidate_if_due(
+        self, namespace: str, llm: StructuredLLM | None = None, clusterer: Clusterer | None = None
+    ) -> ConsolidationReport | None:
+        """Consolidate when ``consolidation.every_n_sessions`` sessions were stored since the last
+        run (0 = never); the run resets the count."""
+        every = self.config.consolidation.every_n_sessions
+        if every == 0 or self.store.sessions_since_consolidation(namespace) < every:
+            return None
+        return self.consolidate(namespace, llm=llm, clusterer=clusterer)
+
+    def apply_consolidation(self, report: ConsolidationReport) -> ConsolidationReport:
+        """Apply a planned run (``consolidate(dry_run=True)`` or ``plan_consolidation`` made the
+        report) in one transaction: a ``consolidation_runs`` row, each merge through ``_supersede``
+        (action ``merge``), each deletion a status change, all events carrying the run id, the
+        namespace's session count reset. A group whose memories were changed since planning is
+        skipped, not the run. Returns the report, now of the applied run."""
+        from hybridmem_local.consolidation import SkippedGroup, count_outcome, run_params, stored_merge
+
+        plan = report.plan
+        if plan is None or report.run_id is not None:
+            raise ValueError("apply_consolidation takes a planned report (with a plan, not applied yet)")
+        namespace, started = plan.namespace, time.perf_counter()
+        # Embedded before the transaction (a failure there changes nothing, and no lock is held meanwhile).
+        self.indexes.embed(namespace, [stored_merge(m, namespace).index_text() for g in plan.groups for m in g.merges])
+        report.dry_run, report.merged, report.deleted = False, {}, {}
+        applied = []
+        with self.store.transaction():
+            run_id = report.run_id = self.store.start_consolidation_run(
+                namespace, report.backend, run_params(self.config, report)
+            )
+            for group_plan in plan.groups:
+                stale = self.store.not_active(group_plan.touched_ids())
+                if stale:
+                    report.skipped.append(SkippedGroup(group=group_plan.group, error=f"memories {stale} changed since planning"))
+                    report.stores[group_plan.group.kind].invalid_plans_skipped += 1
+                    continue
+                merged_ids = self._supersede(
+                    namespace, [(m.source_ids, stored_merge(m, namespace)) for m in group_plan.merges],
+                    reason=f"merged by consolidation run {run_id}", action="merge", run_id=run_id,
+                )
+                for merge, merged_id in zip(group_plan.merges, merged_ids):
+                    merge.merged_id = merged_id
+                    report.merged[merged_id] = merge.source_ids
+                for deletion in group_plan.deletions:
+                    self.store.set_status(deletion.memory_id, MemoryStatus.deleted, reason=deletion.reason, run_id=run_id)
+                    report.deleted[deletion.memory_id] = deletion.reason
+                applied.append(group_plan)
+            count_outcome(report, applied)
+            report.timings.apply_s = time.perf_counter() - started
+            self.store.finish_consolidation_run(run_id, namespace, report.model_dump_json())
+        log.info("consolidation run %d on %s: %d → %d memories", run_id, namespace, report.memories_before, report.memories_after)
+        return report
 
     def undo(self, run_id: int) -> UndoReport:
-        """Restore exactly the state before consolidation run ``run_id``."""
-        from hybridmem_local.consolidation import undo
+        """Restore exactly the state before consolidation run ``run_id``, in one transaction.
 
-        return undo(self, run_id)
+        Sources and deleted memories get back their previous status, reason and pointer; the run's
+        merged rows are marked deleted ("undo of run N"); the run becomes 'undone'. Refused
+        (ConsolidationError, nothing changed) when a memory the run touched was changed since (by
+        a later run: undo that one first) or purged.
+        """
+        from hybridmem_local.consolidation import UndoReport, plan_undo
+
+        with self.store.transaction():
+            plan = plan_undo(self.store, run_id)
+            for memory_id, before in plan.restore.items():
+                self.store.set_status(
+                    memory_id, MemoryStatus(before["status"]), reason=before["status_reason"],
+                    superseded_by=before["superseded_by"], run_id=run_id, action="undo",
+                )
+            for memory_id in plan.merged_ids:
+                self.store.set_status(memory_id, MemoryStatus.deleted, reason=f"undo of run {run_id}", run_id=run_id, action="undo")
+            self.store.mark_consolidation_run_undone(run_id)
+        return UndoReport(run_id=run_id, namespace=plan.namespace, restored=len(plan.restore), removed=len(plan.merged_ids))
 
     def purge(self, namespace: str, older_than: timedelta) -> PurgeReport:
-        """Physically delete superseded/deleted memories retired longer ago than ``older_than``."""
-        from hybridmem_local.consolidation import purge
+        """Physically delete non-active memories whose last status change is older than ``older_than``.
 
-        return purge(self, namespace, older_than)
+        Their history events go too (events hold the full row, so keeping them would keep the text
+        purge promises to remove), as do their cached embeddings (unless a remaining memory has the
+        same text); one ``purge`` event records which ids went. A consolidation run that touched a
+        purged memory can no longer be undone. Freed pages are vacuumed and the namespace's index
+        files rebuilt, so no copy of the purged text or vectors stays on disk.
+        """
+        from hybridmem_local.consolidation import PurgeReport
+
+        check_namespace(namespace)
+        if older_than < timedelta(0):
+            raise ValueError(f"older_than must not be negative, got {older_than}")
+        cutoff = utcnow() - older_than
+        with self.store.transaction():
+            candidates = self.store.retired_before(namespace, cutoff)
+            doomed = _unreferenced(candidates, self.store.superseded_pointers(namespace))
+            ids = sorted(doomed)
+            remaining_texts = {
+                text_hash(m.index_text()) for m in self.store.list_memories(namespace, status=None) if m.id not in doomed
+            }
+            purged_texts = {text_hash(m.index_text()) for m in self.store.get_memories(ids).values()} - remaining_texts
+            events, embeddings = self.store.delete_memories(
+                namespace, ids, sorted(purged_texts), {"memory_ids": ids, "cutoff": cutoff.isoformat()},
+                f"older than {older_than}",
+            )
+        if ids:
+            self.store.vacuum()
+            if self.store.path is not None:
+                self.indexes.rebuild(namespace)  # hnswlib keeps vectors of deleted labels
+        return PurgeReport(
+            namespace=namespace, cutoff=cutoff, memories=len(ids), embeddings=embeddings, events=events,
+            kept_referenced=len(candidates) - len(ids),
+        )
 
     # ------------------------------------------------------------------ reads
 
-    def search(self, query: str, namespace: str = "default", k: int | None = None) -> SearchResult:
-        """Top-k episodes and top-(2k) tuples for ``query`` (paper §3.3), no LLM call."""
+    def search(
+        self,
+        query: str,
+        namespace: str = "default",
+        k: int | None = None,
+        kinds: Sequence[MemoryKind] | None = None,
+        since: date | datetime | None = None,
+        until: date | datetime | None = None,
+        min_score: float | None = None,
+    ) -> SearchResult:
+        """Top-k episodes and top-(2k) tuples for ``query`` (paper §3.3), no LLM call.
+
+        ``kinds`` limits the memory stores searched; ``since``/``until`` keep memories whose
+        timestamp falls in that period (windows: their session's date); ``min_score`` drops
+        weaker hits (``retrieval.SearchFilters``).
+        """
         check_namespace(namespace)
         k = self.config.retrieval.k if k is None else k
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
-        return self.retriever.search(query, namespace, k, self.config.retrieval.tuple_multiplier * k)
+        filters = SearchFilters(kinds=list(kinds) if kinds is not None else None, since=since, until=until, min_score=min_score)
+        return self.retriever.search(query, namespace, k, self.config.retrieval.tuple_multiplier * k, filters=filters)
 
     def answer(
         self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
@@ -486,6 +631,23 @@ class HybridMemory:
         return answer_from_context(
             self.llm, question, result, question_date,
             enable_thinking=self.config.llm.enable_thinking, context_budget=self.config.retrieval.context_budget,
+        )
+
+    def answer_many(
+        self,
+        questions: Sequence[str],
+        namespace: str = "default",
+        question_dates: Sequence[datetime | None] | None = None,
+        k: int | None = None,
+    ) -> list[Answer]:
+        """Answer several questions in one batched LLM call: each retrieves as ``answer`` does."""
+        from hybridmem_local.answering import answer_many
+
+        results = [self.search(question, namespace=namespace, k=k) for question in questions]
+        return answer_many(
+            self.llm, questions, results, question_dates,
+            enable_thinking=self.config.llm.enable_thinking, context_budget=self.config.retrieval.context_budget,
+            tag=namespace,
         )
 
     def get(self, memory_id: int) -> Episode | RelationalTuple:
@@ -512,7 +674,7 @@ class HybridMemory:
         return Stats(
             namespaces=self.store.namespaces(),
             counts=self.store.counts(namespace),
-            index_sizes={f"{ns}/{kind}": len(ix) for (ns, kind), ix in self._indexes.items()},
+            index_sizes=self.indexes.sizes(),
         )
 
     # ------------------------------------------------------------------ export / import
@@ -521,7 +683,7 @@ class HybridMemory:
         """Write a namespace as JSONL (sessions with turns, then memories with provenance)."""
         records = self.export_records(namespace)
         path = Path(path)
-        with open(path, "w", encoding="utf-8", opener=_owner_only_opener) as out:
+        with open(path, "w", encoding="utf-8", opener=owner_only_opener) as out:
             out.writelines(records)
         self.store.record_export(namespace, path)
         return len(records)
@@ -561,11 +723,7 @@ class HybridMemory:
                         reason="imported", superseded_by=old_to_new.get(memory.superseded_by), action="import",
                     )
             for ns in target:
-                self._embed_cached(ns, [m.index_text() for m in memories if m.namespace == ns and m.status == MemoryStatus.active])
-        for ns in target:
-            for kind in KINDS:
-                if (ns, kind) in self._indexes:
-                    self._sync(ns, kind)
+                self.indexes.embed(ns, [m.index_text() for m in memories if m.namespace == ns and m.status == MemoryStatus.active])
         return {"sessions": len(sessions), "memories": len(memories)}
 
 
@@ -576,5 +734,12 @@ def _as_stored(memory: EpisodeDraft | TupleDraft, namespace: str) -> Episode | R
     return cls(namespace=namespace, **memory.model_dump())
 
 
-def _owner_only_opener(path: str, flags: int) -> int:
-    return os.open(path, flags, 0o600)
+def _unreferenced(candidates: set[int], pointers: dict[int, int]) -> set[int]:
+    """The candidates no kept row points at (its pointer must resolve); repeated until stable,
+    since keeping one row can keep the row it points at."""
+    doomed = set(candidates)
+    while True:
+        referenced = {target for source, target in pointers.items() if source not in doomed and target in doomed}
+        if not referenced:
+            return doomed
+        doomed -= referenced

@@ -31,6 +31,8 @@ from typing import Iterable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hybridmem_local.readers import read_yaml_mapping
+
 MODELS_DIR_ENV = "HYBRIDMEM_MODELS_DIR"
 #: Points at a manifest other than the shipped one (e.g. one with digests pinned locally).
 MANIFEST_ENV = "HYBRIDMEM_MANIFEST"
@@ -312,12 +314,7 @@ def load_manifest(path: str | Path | None = None) -> Manifest:
         if path is None:
             raise ManifestError(f"no model manifest found; looked at {', '.join(map(str, candidates))}")
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ManifestError(f"cannot read model manifest {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ManifestError(f"model manifest {path}: top level must be a mapping")
+    data = read_yaml_mapping(path, "model manifest", ManifestError)
     try:
         return Manifest.model_validate({**data, "origin": path})
     except ValidationError as exc:

@@ -5,7 +5,9 @@ raw-turn evidence windows) the retriever ranks by
 
 * ``dense``: one query embedding, one hnswlib lookup — the paper's setting;
 * ``lexical``: BM25 over stemmed words (``lexical.py``);
-* ``hybrid``: both, each ``candidate_depth`` deep, fused by reciprocal rank fusion (``fusion.py``).
+* ``hybrid``: both, each ``candidate_depth`` deep, fused by reciprocal rank fusion (``fusion.py``);
+
+each from the namespace's indexes (``indexes.py``), caught up with the store on use.
 
 By default it keeps the paper's fixed selection — top-k episodes, top-2k tuples, top-k
 windows; with ``retrieval.context_budget`` set it returns every candidate, and
@@ -16,103 +18,146 @@ with short ids (E1, T3, W2) the answer can cite.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from datetime import date, datetime
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from hybridmem_local.config import RetrievalConfig
 from hybridmem_local.context import RenderedContext, assemble_context
 from hybridmem_local.fusion import reciprocal_rank_fusion
-from hybridmem_local.index import VectorIndex
-from hybridmem_local.lexical import LexicalIndex
 from hybridmem_local.schema import Episode, Hit, MemoryKind, RelationalTuple, SearchResult, WindowHit
 from hybridmem_local.store import MemoryStore
 
 if TYPE_CHECKING:
-    from hybridmem_local.windows import WindowSource
-
-IndexProvider = Callable[[str, MemoryKind], VectorIndex]
-LexicalProvider = Callable[[str, MemoryKind], LexicalIndex]
-WindowProvider = Callable[[str], "WindowSource"]
+    from hybridmem_local.indexes import SourceKind, StoreIndexes
 
 Ranking = list[tuple[int, float]]
 
 _STORE_KINDS: dict[str, MemoryKind] = {"episodes": "episode", "tuples": "tuple"}
 
 
+class SearchFilters(BaseModel):
+    """What a search keeps of the ranked candidates (all optional; none given keeps everything).
+
+    ``since``/``until`` compare dates: a memory's timestamp (an ISO prefix: a year, month, day
+    or datetime) is kept when the period it names overlaps ``[since, until]``; a window is kept
+    by its session's date. ``min_score`` drops hits scoring lower, in the mode's own scale
+    (cosine for dense, BM25 for lexical, reciprocal-rank-fusion for hybrid).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Memory stores to search (default: those ``retrieval.sources`` names); windows follow the config.
+    kinds: list[MemoryKind] | None = Field(default=None, min_length=1)
+    since: date | datetime | None = None
+    until: date | datetime | None = None
+    min_score: float | None = None
+
+    def dated(self) -> bool:
+        return self.since is not None or self.until is not None
+
+    def keeps_timestamp(self, timestamp: str) -> bool:
+        # An ISO prefix compares with a bound cut to the same precision: "2023" overlaps 2023-05-01.
+        if self.since is not None and timestamp < _iso(self.since)[: len(timestamp)]:
+            return False
+        return self.until is None or timestamp <= _iso(self.until)[: len(timestamp)]
+
+
+def _iso(moment: date | datetime) -> str:
+    return moment.isoformat()
+
+
 class Retriever:
     """Dense, lexical or hybrid search over the stores of one namespace."""
 
-    def __init__(
-        self,
-        store: MemoryStore,
-        index_for: IndexProvider,
-        embed_query: Callable[[str], np.ndarray],
-        config: RetrievalConfig | None = None,
-        lexical_for: LexicalProvider | None = None,
-        windows_for: WindowProvider | None = None,
-    ):
+    def __init__(self, store: MemoryStore, indexes: StoreIndexes, config: RetrievalConfig | None = None):
         self.store = store
-        self.index_for = index_for
-        self.embed_query = embed_query
+        self.indexes = indexes
         # Dense over episodes and tuples, as the paper, when no config is given.
         self.config = config if config is not None else RetrievalConfig(mode="dense")
-        self.lexical_for = lexical_for
-        self.windows_for = windows_for
 
-    def search(self, query: str, namespace: str, k: int, tuple_k: int, window_k: int | None = None) -> SearchResult:
+    def search(
+        self,
+        query: str,
+        namespace: str,
+        k: int,
+        tuple_k: int,
+        window_k: int | None = None,
+        filters: SearchFilters | None = None,
+    ) -> SearchResult:
         """Top-``k`` episodes, top-``tuple_k`` tuples and top-``window_k`` (default k) windows.
 
         In budget mode (``context_budget`` set) every store returns its whole candidate list
         (``candidate_depth``, at least the k asked for), ranked, for ``format_context`` to cut.
+        With date ``filters`` a store is searched deeper until it has its count of hits that
+        pass them, or has no more candidates.
         """
         if not query.strip():
             raise ValueError("search query is empty")
         config = self.config
-        if config.mode != "dense" and self.lexical_for is None:
-            raise ValueError(f"retrieval.mode {config.mode!r} needs lexical indexes; this Retriever has none")
-        if "windows" in config.sources and self.windows_for is None:
-            raise ValueError("retrieval.sources includes 'windows' but this Retriever has no window source")
+        filters = filters or SearchFilters()
         limits = {"episodes": k, "tuples": tuple_k, "windows": k if window_k is None else window_k}
         if config.context_budget is not None:
             limits = {name: max(limit, config.candidate_depth) for name, limit in limits.items()}
-        vector = self.embed_query(query) if config.mode != "lexical" else None
+        vector = self.indexes.embed_query(query) if config.mode != "lexical" else None
 
         result = SearchResult(query=query, namespace=namespace)
-        memory_rankings: dict[str, Ranking] = {}
         for name in config.sources:
             if name == "windows":
-                source = self.windows_for(namespace)
-                ranking = self._rank(query, vector, source.dense, source.lexical, limits[name])
-                windows = source.get([wid for wid, _ in ranking])
-                result.windows = [WindowHit(window=windows[wid], score=s) for wid, s in ranking if wid in windows]
-            else:
-                kind = _STORE_KINDS[name]
-                memory_rankings[name] = self._rank(
-                    query, vector, lambda: self.index_for(namespace, kind), lambda: self.lexical_for(namespace, kind),
-                    limits[name],
+                result.windows = self._filtered(
+                    query, vector, namespace, "window", limits[name], filters,
+                    lambda ranking: [WindowHit(window=w, score=s) for w, s in _found(ranking, self.indexes.windows(namespace, [i for i, _ in ranking]))],
+                    lambda hit: filters.keeps_timestamp(hit.window.session_date.date().isoformat()),
                 )
-        rows = self.store.get_memories([mid for ranking in memory_rankings.values() for mid, _ in ranking])
-        result.episodes = _hits(memory_rankings.get("episodes", []), rows)
-        result.tuples = _hits(memory_rankings.get("tuples", []), rows)
+            elif filters.kinds is None or _STORE_KINDS[name] in filters.kinds:
+                hits = self._filtered(
+                    query, vector, namespace, _STORE_KINDS[name], limits[name], filters,
+                    lambda ranking: _hits(ranking, self.store.get_memories([i for i, _ in ranking])),
+                    lambda hit: filters.keeps_timestamp(hit.memory.timestamp),
+                )
+                setattr(result, name, hits)
         return result
 
-    def _rank(
+    def _filtered(
         self,
         query: str,
         vector: np.ndarray | None,
-        dense: Callable[[], VectorIndex],
-        lexical: Callable[[], LexicalIndex],
+        namespace: str,
+        kind: SourceKind,
         limit: int,
-    ) -> Ranking:
+        filters: SearchFilters,
+        to_hits: Callable[[Ranking], list[Any]],
+        keeps: Callable[[Any], bool],
+    ) -> list[Any]:
+        """A store's top ``limit`` hits that pass ``filters``, searching deeper while date filters
+        leave fewer than ``limit`` and the index has more."""
+        depth = limit * 4 if filters.dated() else limit
+        while True:
+            ranking = self._rank(query, vector, namespace, kind, depth)
+            if filters.min_score is not None:
+                ranking = [(i, s) for i, s in ranking if s >= filters.min_score]
+            hits = [h for h in to_hits(ranking) if not filters.dated() or keeps(h)]
+            if len(hits) >= limit or len(ranking) < depth or not filters.dated():
+                return hits[:limit]
+            depth *= 4
+
+    def _rank(self, query: str, vector: np.ndarray | None, namespace: str, kind: SourceKind, limit: int) -> Ranking:
         """One store's ranking: dense, lexical, or both fused (each ``candidate_depth`` deep)."""
         config = self.config
         if config.mode == "dense":
-            return dense().search(vector, limit)
+            return self.indexes.dense(namespace, kind).search(vector, limit)
         if config.mode == "lexical":
-            return lexical().search(query, limit)
+            return self.indexes.lexical(namespace, kind).search(query, limit)
         depth = max(limit, config.candidate_depth)
-        return fuse(dense().search(vector, depth), lexical().search(query, depth), config)[:limit]
+        dense = self.indexes.dense(namespace, kind).search(vector, depth)
+        lexical = self.indexes.lexical(namespace, kind).search(query, depth)
+        return fuse(dense, lexical, config)[:limit]
+
+
+def _found(ranking: Ranking, rows: dict[int, Any]) -> list[tuple[Any, float]]:
+    return [(rows[i], s) for i, s in ranking if i in rows]
 
 
 def fuse(dense: Ranking, lexical: Ranking, config: RetrievalConfig) -> Ranking:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Literal
+from typing import Iterable, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 #: A turn longer than this is rejected: LoCoMo turns are < 1k characters and LongMemEval's
 #: longest assistant replies ~30k; anything far beyond is almost surely a broken input file.
@@ -40,6 +41,12 @@ def check_namespace(namespace: str) -> str:
             "starting with a letter or digit"
         )
     return namespace
+
+
+def clean_cited_id(raw: str) -> str:
+    """An id an LLM cited (a turn id, a short memory id) without the brackets and spaces
+    models copy from the prompt: ``" [E1] "`` → ``"E1"``."""
+    return raw.strip().strip("[]").strip()
 
 
 class MemoryStatus(str, Enum):
@@ -112,6 +119,30 @@ def _check_timestamp(value: str) -> str:
     return value
 
 
+#: How a memory's source turns were obtained: ``cited`` by whoever wrote it (the curation model,
+#: an API caller), or ``aligned`` to the turns of its curation window by similarity
+#: (provenance.py) because none it cited was a turn of that window. None: no source turns.
+Provenance = Literal["cited", "aligned"]
+
+
+def combine_provenance(provenances: Iterable[Provenance | None]) -> Provenance | None:
+    """The provenance of a memory whose turns are the union of these: ``aligned`` if any part
+    was (not all of it was cited), None when none has turns."""
+    known = {p for p in provenances if p is not None}
+    if not known:
+        return None
+    return "aligned" if "aligned" in known else "cited"
+
+
+def _provenance_follows_turns(memory: EpisodeDraft | TupleDraft) -> EpisodeDraft | TupleDraft:
+    """Turns given without a provenance were cited by the caller; no turns, no provenance."""
+    if not memory.source_turn_ids:
+        memory.provenance = None
+    elif memory.provenance is None:
+        memory.provenance = "cited"
+    return memory
+
+
 class EpisodeDraft(StrictModel):
     """An episodic record as the curation LLM writes it (no ids yet)."""
 
@@ -120,8 +151,11 @@ class EpisodeDraft(StrictModel):
     details: str = Field(min_length=1)
     timestamp: str = Field(description="ISO 8601 date of the event, e.g. 2023-05-07")
     source_turn_ids: list[str] = Field(default_factory=list)
+    #: See :data:`Provenance`; left out of JSON schemas, so LLM reply schemas do not ask for it.
+    provenance: SkipJsonSchema[Provenance | None] = None
 
     _ts = field_validator("timestamp")(classmethod(lambda cls, v: _check_timestamp(v)))
+    _provenance = model_validator(mode="after")(lambda self: _provenance_follows_turns(self))
 
 
 class TupleDraft(StrictModel):
@@ -133,8 +167,10 @@ class TupleDraft(StrictModel):
     timestamp: str = Field(description="ISO 8601 date the fact holds from, e.g. 2023-05-07")
     context: str = ""
     source_turn_ids: list[str] = Field(default_factory=list)
+    provenance: SkipJsonSchema[Provenance | None] = None
 
     _ts = field_validator("timestamp")(classmethod(lambda cls, v: _check_timestamp(v)))
+    _provenance = model_validator(mode="after")(lambda self: _provenance_follows_turns(self))
 
 
 class CurationResult(StrictModel):
@@ -153,6 +189,8 @@ class _StoredMemory(StrictModel):
     created_at: AwareDatetime = Field(default_factory=utcnow)
     status: MemoryStatus = MemoryStatus.active
     superseded_by: int | None = None
+    #: Shown in stored memories' JSON schemas (service and MCP responses), unlike the drafts'.
+    provenance: Provenance | None = None
 
     _check_namespace = field_validator("namespace")(classmethod(lambda cls, v: check_namespace(v)))
 

@@ -7,7 +7,8 @@ this file. Design choices:
   unique across the library: ``get``, ``delete`` and ``history`` take just an id, and the id
   doubles as the hnswlib label.
 * Memory content is immutable once written; only ``status`` / ``superseded_by`` /
-  ``status_reason`` change. Consolidation inserts new rows instead of editing old ones, so
+  ``status_reason`` change, and the source turns grow (a union, never a loss) when curation
+  meets the same memory again (:meth:`MemoryStore.add_source_turns`). Consolidation inserts new rows instead of editing old ones, so
   an index never holds a stale vector for a live id, and undo is a status flip.
 * Every change is a row in the append-only ``events`` table with before/after JSON.
 * WAL mode + busy timeout: concurrent readers and writers in several processes wait for
@@ -36,13 +37,15 @@ from hybridmem_local.schema import (
     MemoryStatus,
     RelationalTuple,
     Session,
+    Provenance,
     Turn,
     TupleDraft,
     check_namespace,
+    combine_provenance,
     utcnow,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -145,11 +148,19 @@ _MIGRATIONS: dict[int, str] = {
         revoked_at TEXT
     );
     """,
+    # How each memory's source turns were obtained (schema.Provenance): rows that have turns
+    # were written with ids their writer cited. The index serves the write-time duplicate guard
+    # (same namespace, kind and timestamp).
+    3: """
+    ALTER TABLE memories ADD COLUMN provenance TEXT CHECK (provenance IN ('cited', 'aligned'));
+    UPDATE memories SET provenance = 'cited' WHERE source_turn_ids != '[]';
+    CREATE INDEX memories_timestamp ON memories(namespace, kind, timestamp);
+    """,
 }
 
 _MEMORY_COLUMNS = (
     "id, namespace, kind, title, summary, details, entity, relation, object, context, timestamp, "
-    "source_session_id, source_turn_ids, created_at, status, superseded_by"
+    "source_session_id, source_turn_ids, provenance, created_at, status, superseded_by"
 )
 
 
@@ -286,9 +297,12 @@ class MemoryStore:
         else:
             self.conn.execute("COMMIT")
 
-    def data_version(self) -> int:
-        """Changes whenever another connection commits (cheap staleness check for indexes)."""
-        return self.conn.execute("PRAGMA data_version").fetchone()[0]
+    def change_marker(self) -> tuple[int, int]:
+        """Moves on every commit that can change what an index holds: ``PRAGMA data_version``
+        changes when another connection commits, the last event id when this one writes a
+        memory or a session (each logs an event). The one staleness check of ``indexes.py``."""
+        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        return version, self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
 
     def close(self) -> None:
         self.conn.close()
@@ -304,10 +318,6 @@ class MemoryStore:
             self.conn.backup(target)
         finally:
             target.close()
-
-    def last_event_id(self) -> int:
-        """Moves on every memory write of any process (each one logs an event): a cheap change marker."""
-        return self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
 
     def fingerprint(self, namespace: str) -> tuple[int, int, int]:
         """(sessions, memories, highest memory id): changes whenever the namespace gains either."""
@@ -407,8 +417,7 @@ class MemoryStore:
 
     def _existing_turn_ids(self, namespace: str, turn_ids: Sequence[str]) -> set[str]:
         found: set[str] = set()
-        for start in range(0, len(turn_ids), 500):
-            chunk = list(turn_ids[start : start + 500])
+        for chunk in _chunks(turn_ids):
             marks = ",".join("?" * len(chunk))
             found.update(
                 r[0]
@@ -519,16 +528,6 @@ class MemoryStore:
             (namespace,),
         ).fetchall()
 
-    def turn_dates(self, namespace: str) -> dict[str, datetime]:
-        """turn_id → its session's start (for provenance and evidence windows)."""
-        return {
-            r[0]: datetime.fromisoformat(r[1])
-            for r in self.conn.execute(
-                "SELECT t.turn_id, s.started_at FROM turns t JOIN sessions s ON s.id = t.session_pk WHERE t.namespace = ?",
-                (namespace,),
-            )
-        }
-
     # ------------------------------------------------------------------ memories
 
     def insert_memories(
@@ -549,9 +548,9 @@ class MemoryStore:
                 session_id = getattr(memory, "source_session_id", None) or source_session_id
                 memory_id = c.execute(
                     "INSERT INTO memories (namespace, kind, title, summary, details, entity, relation, object, context, "
-                    "timestamp, source_session_id, source_turn_ids, created_at) "
+                    "timestamp, source_session_id, source_turn_ids, provenance, created_at) "
                     "VALUES (:namespace, :kind, :title, :summary, :details, :entity, :relation, :object, :context, "
-                    ":timestamp, :source_session_id, :source_turn_ids, :created_at)",
+                    ":timestamp, :source_session_id, :source_turn_ids, :provenance, :created_at)",
                     {**data, "namespace": namespace, "source_session_id": session_id, "created_at": now},
                 ).lastrowid
                 ids.append(memory_id)
@@ -578,6 +577,67 @@ class MemoryStore:
                 before["namespace"], action or MemoryStatus(status).value, memory_id, run_id, before,
                 self._memory_json(memory_id), reason,
             )
+
+    def duplicate_candidates(
+        self, namespace: str, kind: MemoryKind, timestamp: str, session_id: str | None
+    ) -> list[Episode | RelationalTuple]:
+        """Active memories of ``kind`` that a new memory could repeat: those with its timestamp,
+        and those of its session (a model restating a memory of the session under another date)."""
+        return [
+            _row_to_memory(r)
+            for r in self.conn.execute(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = ? AND kind = ? AND status = 'active' "
+                "AND (timestamp = ? OR source_session_id = ?) ORDER BY id",
+                (namespace, kind, timestamp, session_id),
+            )
+        ]
+
+    def add_source_turns(
+        self, memory_id: int, turn_ids: Sequence[str], provenance: Provenance | None, reason: str
+    ) -> None:
+        """Give a memory more source turns (a union, in order: old ones first) and the combined
+        provenance, with a ``duplicate`` event; nothing else of it changes."""
+        with self.transaction() as c:
+            before = self._memory_json(memory_id)
+            old = json.loads(before["source_turn_ids"])
+            union = list(dict.fromkeys([*old, *turn_ids]))
+            combined = combine_provenance([before["provenance"] if old else None, provenance if turn_ids else None])
+            c.execute(
+                "UPDATE memories SET source_turn_ids = ?, provenance = ? WHERE id = ?",
+                (json.dumps(union), combined, memory_id),
+            )
+            self._event(before["namespace"], "duplicate", memory_id, None, before, self._memory_json(memory_id), reason)
+
+    def supersede(
+        self,
+        namespace: str,
+        source_ids: Sequence[int],
+        memory: Episode | RelationalTuple,
+        reason: str,
+        action: str,
+        run_id: int | None = None,
+    ) -> int:
+        """Store ``memory`` as the active successor of ``source_ids`` (an update: one source; a
+        consolidation merge: several) and mark each source superseded by it, every change an
+        event. The new row's ``action`` event carries, for one source, that source's row as
+        ``before``. Returns the new id."""
+        with self.transaction():
+            before = self._memory_json(source_ids[0]) if len(source_ids) == 1 else None
+            (new_id,) = self.insert_memories(namespace, [memory], run_id=run_id, action=action)
+            if before is not None:
+                # The insert logged the new row's event; it also gets the row it replaces as ``before``.
+                self.conn.execute(
+                    "UPDATE events SET before = ? WHERE id = (SELECT max(id) FROM events WHERE memory_id = ?)",
+                    (json.dumps(before), new_id),
+                )
+            for source_id in source_ids:
+                self.set_status(source_id, MemoryStatus.superseded, reason=reason, superseded_by=new_id, run_id=run_id)
+        return new_id
+
+    def not_active(self, ids: Sequence[int]) -> list[int]:
+        """The ids that are no longer active memories (changed or purged)."""
+        rows = self.status_rows(ids)
+        return [i for i in ids if i not in rows or rows[i]["status"] != MemoryStatus.active.value]
 
     def _memory_json(self, memory_id: int) -> dict[str, Any]:
         row = self.conn.execute(f"SELECT {_MEMORY_COLUMNS}, status_reason FROM memories WHERE id = ?", (memory_id,)).fetchone()
@@ -821,8 +881,7 @@ class MemoryStore:
         """Cached vectors by text hash (missing texts are simply absent)."""
         hashes = sorted({text_hash(t) for t in texts})
         found: dict[str, np.ndarray] = {}
-        for start in range(0, len(hashes), 500):
-            chunk = hashes[start : start + 500]
+        for chunk in _chunks(hashes):
             marks = ",".join("?" * len(chunk))
             for h, dim, blob in self.conn.execute(
                 f"SELECT text_hash, dim, vector FROM embeddings WHERE namespace = ? AND model_id = ? AND text_hash IN ({marks})",
@@ -855,7 +914,10 @@ def _memory_columns(memory: BaseModel) -> dict[str, Any]:
     kind = "episode" if isinstance(memory, EpisodeDraft) else "tuple"
     fields = ("title", "summary", "details", "entity", "relation", "object", "context")
     data = {f: getattr(memory, f, None) for f in fields}
-    data.update(kind=kind, timestamp=memory.timestamp, source_turn_ids=json.dumps(list(memory.source_turn_ids)))
+    data.update(
+        kind=kind, timestamp=memory.timestamp, source_turn_ids=json.dumps(list(memory.source_turn_ids)),
+        provenance=memory.provenance,
+    )
     return data
 
 
@@ -866,6 +928,7 @@ def _row_to_memory(row: sqlite3.Row) -> Episode | RelationalTuple:
         timestamp=row["timestamp"],
         source_session_id=row["source_session_id"],
         source_turn_ids=json.loads(row["source_turn_ids"]),
+        provenance=row["provenance"],
         created_at=datetime.fromisoformat(row["created_at"]),
         status=row["status"],
         superseded_by=row["superseded_by"],

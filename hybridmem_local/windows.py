@@ -8,21 +8,17 @@ first turn, so ids are stable as sessions are added and a window index of kind `
 optional third source of the hybrid system (``retrieval.sources: [episodes, tuples, windows]``).
 
 Turns are only ever inserted (``forget`` removes a namespace whole), so ``(count, max key)``
-of a namespace's turns is an exact change marker: windows and their indexes are reloaded and
-caught up only when it moves.
+of a namespace's turns is an exact change marker: windows are reloaded only when it moves
+(their indexes live in ``indexes.py`` with the memories').
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from hybridmem_local.config import IndexConfig
-from hybridmem_local.index import VectorIndex
-from hybridmem_local.lexical import LexicalIndex
 from hybridmem_local.schema import EvidenceWindow, Turn
 from hybridmem_local.store import MemoryStore
 
@@ -83,107 +79,28 @@ def _session_windows(namespace: str, rows: list, size: int, stride: int) -> dict
     return out
 
 
-class WindowSource:
-    """The windows of one namespace with their BM25 and (built on first dense use) hnswlib indexes."""
+class WindowSet:
+    """The windows of one namespace in one shape, reloaded only when the namespace's turns change."""
 
-    def __init__(
-        self,
-        store: MemoryStore,
-        directory: Path,
-        namespace: str,
-        size: int,
-        stride: int,
-        index_config: IndexConfig,
-        embedder_id: Callable[[], tuple[str, int]],
-        embed: Callable[[Sequence[str]], np.ndarray],
-    ):
+    def __init__(self, store: MemoryStore, namespace: str, size: int, stride: int):
         self.store = store
-        self.directory = directory
         self.namespace = namespace
         self.size, self.stride = size, stride
-        self.index_config = index_config
-        self._embedder_id = embedder_id
-        self._embed = embed
         self.recipe = window_recipe(size, stride)
         self.windows: dict[int, EvidenceWindow] = {}
         self._marker: tuple[int, int] | None = None
-        self._lexical = LexicalIndex(directory, WINDOW_KIND, self.recipe)
-        self._lexical_synced = False
-        self._dense: VectorIndex | None = None
-        self._dense_synced = False
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         marker = self.store.turns_marker(self.namespace)
         if marker != self._marker:
             self.windows = load_windows(self.store, self.namespace, self.size, self.stride)
             self._marker = marker
-            self._lexical_synced = self._dense_synced = False
 
-    def _ids(self) -> np.ndarray:
+    def ids(self) -> np.ndarray:
         return np.array(sorted(self.windows), dtype=np.int64)
 
-    def _texts(self, ids: np.ndarray) -> list[str]:
+    def texts(self, ids: np.ndarray) -> list[str]:
         return [self.windows[int(i)].index_text() for i in ids]
-
-    def lexical(self) -> LexicalIndex:
-        self._refresh()
-        if not self._lexical_synced:
-            if self._lexical.sync(self._ids(), self._texts).rebuilt:
-                self._lexical.save()
-            self._lexical_synced = True
-        return self._lexical
-
-    def dense(self) -> VectorIndex:
-        self._refresh()
-        if self._dense is None:
-            model_id, dim = self._embedder_id()
-            # The manifest's model id also names the window shape: vectors of other windows are rebuilt.
-            self._dense = VectorIndex(self.directory, WINDOW_KIND, f"{model_id}|{self.recipe}", dim, self.index_config)
-        if not self._dense_synced:
-            report = self._dense.sync(self._ids(), lambda ids: self._embed(self._texts(ids)))
-            if report.rebuilt or report.added or report.removed:
-                self._dense.save()
-            self._dense_synced = True
-        return self._dense
 
     def get(self, ids: Sequence[int]) -> dict[int, EvidenceWindow]:
         return {int(i): self.windows[int(i)] for i in ids if int(i) in self.windows}
-
-
-class WindowSources:
-    """One :class:`WindowSource` per namespace; ``shape()`` gives the current (size, stride)."""
-
-    def __init__(
-        self,
-        store: MemoryStore,
-        index_dir: Callable[[str], Path],
-        index_config: IndexConfig,
-        shape: Callable[[], tuple[int, int]],
-        embedder_id: Callable[[], tuple[str, int]],
-        embed: Callable[[str, Sequence[str]], np.ndarray],
-    ):
-        self.store = store
-        self.index_dir = index_dir
-        self.index_config = index_config
-        self._shape = shape
-        self._embedder_id = embedder_id
-        self._embed = embed
-        self._sources: dict[str, WindowSource] = {}
-
-    def get(self, namespace: str) -> WindowSource:
-        size, stride = self._shape()
-        source = self._sources.get(namespace)
-        if source is None or (source.size, source.stride) != (size, stride):
-            source = self._sources[namespace] = WindowSource(
-                self.store, self.index_dir(namespace), namespace, size, stride, self.index_config,
-                self._embedder_id, lambda texts: self._embed(namespace, texts),
-            )
-        return source
-
-    def drop(self, namespace: str) -> None:
-        """Forget the namespace's windows and delete their index files (both kinds)."""
-        self._sources.pop(namespace, None)
-        directory = self.index_dir(namespace)
-        LexicalIndex(directory, WINDOW_KIND).delete_files()
-        for path in VectorIndex(directory, WINDOW_KIND, "", 0, self.index_config).files():
-            path.unlink(missing_ok=True)

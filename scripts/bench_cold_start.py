@@ -61,8 +61,8 @@ torch.set_num_threads({threads})
 memory.embedder
 t_embedder = time.perf_counter()
 for kind in ("episode", "tuple"):
-    memory.index_for("bench", kind)
-    memory.lexical.get("bench", kind)
+    memory.indexes.dense("bench", kind)
+    memory.indexes.lexical("bench", kind)
 t_indexes = time.perf_counter()
 result = memory.search({query!r}, namespace="bench")
 t_first = time.perf_counter()

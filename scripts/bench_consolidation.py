@@ -37,7 +37,7 @@ from rich.table import Table
 
 from hybridmem_local.clustering import make_clusterer
 from hybridmem_local.config import load_config
-from hybridmem_local.consolidation import KINDS, consolidate
+from hybridmem_local.consolidation import KINDS
 from hybridmem_local.llm import build_llm
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import EpisodeDraft
@@ -78,7 +78,7 @@ def clusters_only(memory: HybridMemory, namespace: str) -> dict:
     for kind in KINDS:
         active = memory.list(namespace, kind)
         started = time.perf_counter()
-        vectors = memory._embed_cached(namespace, [m.index_text() for m in active])
+        vectors = memory.indexes.embed(namespace, [m.index_text() for m in active])
         row["timings"]["embed_load_s"] += time.perf_counter() - started
         result = clusterer.cluster(vectors)
         row["backend"] = result.backend
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 if args.clusters_only:
                     row = clusters_only(memory, args.namespace)
                 else:
-                    report = consolidate(memory, args.namespace, llm)
+                    report = memory.consolidate(args.namespace, llm=llm)
                     row = json.loads(report.model_dump_json())
                     row["compression_pct"] = report.compression_pct
                     for kind, stats in report.stores.items():

@@ -101,7 +101,7 @@ def bench_conversation(memory: HybridMemory, conversation: LocomoConversation, b
     questions = [q for q in conversation.questions if q.evidence]
     texts = sorted({q.question for q in questions})
     vectors = dict(zip(texts, memory.embedder.embed(texts)))  # one batch: the searches below reuse them
-    memory.retriever.embed_query = vectors.__getitem__
+    memory.indexes.embed_query = vectors.__getitem__
     covered: dict[str, dict[str, list[int]]] = {}
     for corpus, settings in CORPORA.items():
         for mode in MODES:
@@ -124,8 +124,7 @@ def bench_conversation(memory: HybridMemory, conversation: LocomoConversation, b
 def time_fusion(memory: HybridMemory, namespace: str, questions, vectors, latency) -> None:
     """Per-query seconds of each step of hybrid search on the windows, at the default depth."""
     depth = RetrievalConfig().candidate_depth
-    source = memory.windows.get(namespace)
-    dense, lexical = source.dense(), source.lexical()
+    dense, lexical = memory.indexes.dense(namespace, "window"), memory.indexes.lexical(namespace, "window")
     for question in questions:
         t0 = time.perf_counter()
         dense_hits = dense.search(vectors[question.question], depth)
@@ -187,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 memory.ingest(conversation.sessions, curate=False)
                 memory.add_memories(conversation.namespace, episodes=observation_facts(raw_samples[conversation.sample_id], conversation))
                 n, covered = bench_conversation(memory, conversation, budgets, count_tokens, args.depth, latency)
-                all_windows += [w.index_text() for w in memory.windows.get(conversation.namespace).windows.values()]
+                all_windows += [w.index_text() for w in memory.indexes.all_windows(conversation.namespace)]
             n_questions += n
             for corpus, by_mode in covered.items():
                 for mode, counts in by_mode.items():

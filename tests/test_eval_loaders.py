@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections import Counter
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from hybridmem_local.eval import DatasetError
 from hybridmem_local.eval.locomo import load_locomo, parse_session_date
 from hybridmem_local.eval.longmemeval import load_longmemeval, namespace_for_question, parse_longmemeval_date
+from hybridmem_local.ingest import read_locomo_sessions
 from hybridmem_local.schema import NAMESPACE_PATTERN
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +115,7 @@ def test_dev_evidence_is_normalised_and_issues_are_counted(locomo_dev):
     assert "D11:26" in by_id["conv-43:qa18"].evidence  # "D:11:26"
     assert by_id["conv-49:qa31"].evidence == ["D9:1", "D4:4", "D4:6"]  # "D9:1 D4:4 D4:6"
     assert by_id["conv-42:qa88"].evidence == ["D1:18", "D1:20"]  # ["D1:18", "D", "D1:20"]
-    assert locomo_dev.evidence_issue_counts() == {"split": 4, "repaired": 1, "unresolvable": 1, "dangling": 2}
+    assert Counter(i.kind for i in locomo_dev.evidence_issues) == {"split": 4, "repaired": 1, "unresolvable": 1, "dangling": 2}
     # Every kept evidence id names a loaded turn of its conversation.
     for conversation in locomo_dev.conversations:
         turn_ids = {t.turn_id for s in conversation.sessions for t in s.turns}
@@ -161,7 +163,7 @@ def test_synthetic_locomo_orders_sessions_and_skips_empty_ones(tmp_path):
     assert (dataset.empty_sessions_skipped, dataset.empty_turns_skipped) == (1, 1)
     assert [q.question_id for q in conv.questions] == ["conv-x:qa0", "conv-x:qa2"]
     assert conv.questions[0].evidence == ["D1:1"]
-    assert dataset.evidence_issue_counts() == {"repaired": 1}
+    assert Counter(i.kind for i in dataset.evidence_issues) == {"repaired": 1}
     assert conv.questions[1].answer == "2023"
 
 
@@ -176,12 +178,12 @@ def test_synthetic_locomo_adversarial_questions_on_request(tmp_path):
 
 
 def test_conversation_moves_to_another_namespace(tmp_path):
-    conv = load_locomo(write_json(tmp_path / "l.json", [locomo_sample()])).conversations[0]
-    moved = conv.in_namespace("bench")
-    assert {s.namespace for s in moved.sessions} == {"bench"}
-    assert conv.sessions[0].namespace == "conv-x"
+    path = write_json(tmp_path / "l.json", [locomo_sample()])
+    moved = read_locomo_sessions(path, "bench")
+    assert {s.namespace for s in moved} == {"bench"}
+    assert read_locomo_sessions(path)[0].namespace == "conv-x"
     with pytest.raises(ValueError, match="invalid namespace"):
-        conv.in_namespace("no spaces")
+        read_locomo_sessions(path, "no spaces")
 
 
 @pytest.mark.parametrize(

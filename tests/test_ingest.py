@@ -6,15 +6,14 @@ import json
 
 import pytest
 
-from hybridmem_local.cli import load_sessions_file
 from hybridmem_local.eval.locomo import load_locomo
-from hybridmem_local.ingest import InputFileError, read_sessions_jsonl
+from hybridmem_local.ingest import InputFileError, read_sessions_file, read_sessions_jsonl
 from hybridmem_local.memory import HybridMemory
 
 
 def test_locomo_dev_file_round_trips_through_the_store(tmp_path, locomo_path):
     dataset = load_locomo(locomo_path)
-    sessions = load_sessions_file(locomo_path, None)
+    sessions = read_sessions_file(locomo_path, None)
     assert len(sessions) == sum(len(c.sessions) for c in dataset.conversations)
     with HybridMemory.open(tmp_path / "m.db") as memory:
         report = memory.ingest(sessions, curate=False)
@@ -33,12 +32,12 @@ def test_locomo_dev_file_round_trips_through_the_store(tmp_path, locomo_path):
 def test_locomo_namespace_and_conversation_selection(locomo_path):
     dataset = load_locomo(locomo_path)
     first, second = dataset.conversations[0].sample_id, dataset.conversations[1].sample_id
-    one = load_sessions_file(locomo_path, "alice", [first])
+    one = read_sessions_file(locomo_path, "alice", [first])
     assert {s.namespace for s in one} == {"alice"}
-    two = load_sessions_file(locomo_path, "team", [first, second])
+    two = read_sessions_file(locomo_path, "team", [first, second])
     assert {s.namespace for s in two} == {f"team-{first}", f"team-{second}"}
     with pytest.raises(InputFileError, match="no conversation"):
-        load_sessions_file(locomo_path, None, ["conv-nope"])
+        read_sessions_file(locomo_path, None, ["conv-nope"])
 
 
 def _write(tmp_path, text: str | bytes):

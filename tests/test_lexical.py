@@ -73,6 +73,29 @@ def test_corpus_without_any_term_and_empty_corpus_find_nothing(tmp_path):
     assert len(empty) == 0 and empty.search("anything", 5) == []
 
 
+def test_documents_added_and_removed_one_by_one_score_as_a_fresh_build(tmp_path):
+    rng = random.Random(3)
+    words = [f"w{i}" for i in range(40)] + ["kayak", "Lima", "violin"]
+    docs = {i: " ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) for i in range(1, 300)}
+    index = build(tmp_path, docs)
+    gone = sorted(docs)[::5]
+    index.remove(gone)
+    added = {1000 + i: " ".join(rng.choice(words) for _ in range(8)) for i in range(40)}
+    index.add(np.array(sorted(added)), [added[i] for i in sorted(added)])
+    current = {**{i: t for i, t in docs.items() if i not in gone}, **added}
+    fresh = build(tmp_path / "fresh", current)
+    index.save()
+    reloaded = LexicalIndex(tmp_path / "ns", "tuple", "test")
+    assert reloaded.sync(np.array(sorted(current)), lambda ids: pytest.fail("should load, not rebuild")).added == 0
+    for query in ("kayak Lima", "w1 w1 w2", "violin w30", "w7"):
+        expected = fresh.search(query, 25)
+        for candidate in (index, reloaded):
+            got = candidate.search(query, 25)
+            assert [i for i, _ in got] == [i for i, _ in expected]
+            assert np.allclose([s for _, s in got], [s for _, s in expected])
+    assert len(index) == len(reloaded) == len(current)
+
+
 # ----------------------------------------------------------------------------- persistence and repair
 
 
@@ -96,7 +119,7 @@ def test_saved_index_loads_without_rebuild_and_is_private(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["manifest_gone", "build_gone", "truncated", "garbage", "recipe", "stale"])
-def test_damaged_or_stale_index_is_rebuilt(tmp_path, damage):
+def test_damaged_index_is_rebuilt_and_stale_one_caught_up(tmp_path, damage):
     index = build(tmp_path)
     index.save()
     expected = index.search("Caroline greyhound running", 5)
@@ -120,7 +143,8 @@ def test_damaged_or_stale_index_is_rebuilt(tmp_path, damage):
         expected = [hit for hit in build(tmp_path / "fresh", docs).search("Caroline greyhound running", 5)]
     repaired = LexicalIndex(directory, "tuple", recipe)
     report = repaired.sync(np.array(sorted(docs)), lambda ids: [docs[int(i)] for i in ids])
-    assert report.rebuilt
+    # A stale index is caught up (the document SQLite dropped removed), anything else rebuilt.
+    assert (report.removed == 1 and not report.rebuilt) if damage == "stale" else report.rebuilt
     assert repaired.search("Caroline greyhound running", 5) == expected
     repaired.save()
     # The manifest names the new build; a build it replaced is removed, a fresh one no manifest
@@ -171,6 +195,17 @@ def test_deleted_memory_leaves_the_lexical_index(lexical_memory):
     assert mem.search("Paris", namespace="alice").memories() == []
 
 
+def test_writes_are_caught_up_without_rebuilding_the_index(lexical_memory, monkeypatch):
+    mem = lexical_memory
+    mem.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Paris")])
+    assert len(mem.search("Paris", namespace="alice").tuples) == 1  # first use: built
+    monkeypatch.setattr(LexicalIndex, "build", lambda *args: pytest.fail("a write must not rebuild the BM25 index"))
+    (rome,) = mem.add_memories("alice", tuples=[make_tuple("Alice", "moved to", "Rome")])
+    assert [h.memory.id for h in mem.search("Rome", namespace="alice").tuples] == [rome]
+    mem.delete(rome)
+    assert mem.search("Rome", namespace="alice").tuples == []
+
+
 def test_another_writer_is_caught_up_and_saved_indexes_are_reused(tmp_path, minilm):
     path = tmp_path / "m.db"
     with HybridMemory.open(path, embedder=minilm) as reader:
@@ -212,7 +247,7 @@ def test_forget_and_rebuild_remove_lexical_files(lexical_memory):
     mem.add_memories("alice", tuples=[make_tuple("Alice", "keeps", "her PIN under the mat")])
     mem.add_memories("bob", tuples=[make_tuple("Bob", "drinks", "tea")])
     assert len(mem.search("PIN", namespace="alice").tuples) == 1
-    index_dir = mem._index_dir("alice")
+    index_dir = mem.indexes.directory("alice")
     assert list(index_dir.glob("tuple.bm25*"))
     mem.rebuild_indexes("alice")
     assert not list(index_dir.glob("*.bm25*"))

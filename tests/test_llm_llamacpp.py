@@ -36,11 +36,6 @@ FACT_REQUEST = LLMRequest(
 )
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return build_llm(LLMConfig(backend="llamacpp", model="smollm2-135m-instruct", n_threads=2))
-
-
 def test_constrained_request_returns_a_valid_instance(smollm2):
     start = time.perf_counter()
     [result] = smollm2.generate([FACT_REQUEST])

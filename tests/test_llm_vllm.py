@@ -198,12 +198,13 @@ def test_cpu_build_gets_cpu_arguments_and_kv_cache_space(fake_vllm, tmp_path, mo
         "dtype": "bfloat16",
         "enforce_eager": True,
         "max_num_seqs": 8,
+        # compact_json: true in the config, named backend (vLLM refuses the flag under "auto")
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
     fake_vllm.instances.clear()
-    build_llm(config.model_copy(update={"compact_json": True}), model_path=tmp_path / "smollm2-hf")
-    assert fake_vllm.instances[0].init_args["structured_outputs_config"] == {
-        "backend": "xgrammar", "disable_any_whitespace": True}
+    build_llm(config.model_copy(update={"compact_json": False}), model_path=tmp_path / "smollm2-hf")
+    assert "structured_outputs_config" not in fake_vllm.instances[0].init_args
 
 
 def test_serve_args_match_the_engine_arguments(tmp_path):
@@ -214,9 +215,10 @@ def test_serve_args_match_the_engine_arguments(tmp_path):
     assert args[:6] == ["serve", str(tmp_path / "m"), "--host", "127.0.0.1", "--port", "8011"]
     assert "--gpu-memory-utilization" not in args and "--tensor-parallel-size" not in args
     assert "--enforce-eager" in args and args[args.index("--dtype") + 1] == "bfloat16"
-    assert "--structured-outputs-config" not in args
-    compact, _ = serve_command(config.model_copy(update={"compact_json": True}), tmp_path / "m", "cpu")
-    assert json.loads(compact[compact.index("--structured-outputs-config") + 1])["disable_any_whitespace"] is True
+    assert json.loads(args[args.index("--structured-outputs-config") + 1]) == {
+        "backend": "xgrammar", "disable_any_whitespace": True}
+    free_whitespace, _ = serve_command(config.model_copy(update={"compact_json": False}), tmp_path / "m", "cpu")
+    assert "--structured-outputs-config" not in free_whitespace
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "2"}
     gpu_args, gpu_env = serve_command(config.model_copy(update={"tensor_parallel_size": 2}), tmp_path / "m", "cuda")
     assert gpu_args[gpu_args.index("--tensor-parallel-size") + 1] == "2"

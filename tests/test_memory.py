@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from datetime import date
 
 import pytest
 
@@ -170,3 +171,101 @@ def test_export_import_round_trip(tmp_path, minilm):
         assert after == before
         assert mem.store.get_session("alice2", "s1").session.turns == session.turns
         assert {h.memory.render() for h in mem.search("Where does Alice live?", namespace="alice2").tuples[:1]} == {"Alice — lives in — Oslo (2023-05-01)"}
+
+
+# ----------------------------------------------------------------------------- API: update, filters, list, add_session
+
+
+def test_update_supersedes_with_history_and_search_follows(memory):
+    (old_id,) = memory.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Paris", ["s1:0"])],
+                                    session=make_session("alice", 1))
+    assert memory.search("Where does Alice live?", namespace="alice").tuples[0].memory.id == old_id
+    new = memory.update(old_id, object="Rome", reason="moved")
+    assert new.id != old_id and new.object == "Rome" and new.status == MemoryStatus.active
+    assert new.source_turn_ids == ["s1:0"] and new.source_session_id == "s1"  # provenance carried over
+    old = memory.get(old_id)
+    assert old.status == MemoryStatus.superseded and old.superseded_by == new.id
+    assert [e.action for e in memory.history(old_id)] == ["add", "superseded"]
+    (event,) = memory.history(new.id)
+    assert event.action == "update" and event.before["object"] == "Paris" and event.after["object"] == "Rome"
+    assert memory.history(old_id)[-1].reason == "moved"
+    assert [h.memory.id for h in memory.search("Where does Alice live?", namespace="alice").tuples] == [new.id]
+    assert memory.update(new.id, object="Rome") == new  # no change, nothing written
+    assert len(memory.history(new.id)) == 1
+    with pytest.raises(ValueError, match="superseded.*successor"):
+        memory.update(old_id, object="Oslo")
+    with pytest.raises(ValueError, match="title"):
+        memory.update(new.id, title="tuples have no title")
+    with pytest.raises(ValueError, match="s9:9"):
+        memory.update(new.id, source_turn_ids=["s9:9"])
+    with pytest.raises(NotFoundError):
+        memory.update(10_000, object="x")
+
+
+def test_search_filters_by_kind_date_and_score(memory):
+    memory.add_memories(
+        "alice",
+        episodes=[make_episode("Kayak trip", "Alice paddled her kayak on the lake.", day=3)],
+        tuples=[make_tuple("Alice", "bought", "a kayak", day=2), make_tuple("Alice", "sold", "her kayak", day=20)]
+        + filler_tuples(60),
+    )
+    query = "Alice kayak"
+    assert memory.search(query, namespace="alice", kinds=["tuple"]).episodes == []
+    assert memory.search(query, namespace="alice", kinds=["episode"]).tuples == []
+    late = memory.search(query, namespace="alice", k=2, since=date(2023, 5, 20))
+    assert [h.memory.object for h in late.tuples[:1]] == ["her kayak"]
+    assert all(h.memory.timestamp >= "2023-05-20" for h in late.tuples) and late.episodes == []
+    # Filler tuples rank above the matches deep down: the search goes deeper until k pass.
+    early = memory.search(query, namespace="alice", k=1, until=date(2023, 5, 2))
+    assert all(h.memory.timestamp <= "2023-05-02" for h in early.tuples) and len(early.tuples) == 2
+    everything = memory.search(query, namespace="alice", k=50)
+    cut = sorted(h.score for h in everything.tuples)[len(everything.tuples) // 2]
+    strong = memory.search(query, namespace="alice", k=50, min_score=cut)
+    assert strong.tuples and all(h.score >= cut for h in strong.tuples)
+    assert len(strong.tuples) < len(everything.tuples)
+
+
+def test_list_pages_by_kind_and_status(memory):
+    ids = memory.add_memories("alice", episodes=[make_episode("One", "First.")], tuples=filler_tuples(5))
+    memory.delete(ids[1])
+    assert [m.id for m in memory.list("alice")] == [ids[0], *ids[2:]]
+    assert [m.id for m in memory.list("alice", kind="tuple", limit=2, offset=1)] == ids[3:5]
+    assert [m.id for m in memory.list("alice", status=MemoryStatus.deleted)] == [ids[1]]
+    assert len(memory.list("alice", status=None)) == 6
+    with pytest.raises(ValueError, match="negative"):
+        memory.list("alice", offset=-1)
+
+
+def test_add_session_returns_what_it_stored_and_curated(tmp_path, minilm):
+    from tests.test_curation import ScriptedLLM, reply_citing
+
+    llm = ScriptedLLM(reply_citing(lambda shown: shown[:2]))
+    with HybridMemory.open(tmp_path / "m.db", embedder=minilm, llm=llm) as mem:
+        session = make_session("alice", 1)
+        result = mem.add_session(session)
+        assert result.session.curation_status == "curated" and result.session.session.turns == session.turns
+        assert {m.kind for m in result.memories} == {"episode", "tuple"}
+        assert {m.id for m in result.memories} == {m.id for m in mem.list("alice")}
+        assert all(m.source_session_id == "s1" for m in result.memories)
+        assert result.report.curated == 1 and result.report.memories == 2 and result.report.llm_calls >= 1
+        again = mem.add_session(session)
+        assert again.report.skipped == 1 and again.memories == [] and len(llm.batches) == 1
+        mem.config.curation.mode = "queue"
+        queued = mem.add_session(make_session("alice", 2))
+        assert queued.session.curation_status == "pending" and queued.memories == [] and queued.report.stored == 1
+
+
+def test_answer_many_retrieves_per_question_and_answers_in_one_batch(tmp_path, minilm):
+    import json
+
+    from tests.test_curation import ScriptedLLM
+
+    llm = ScriptedLLM(lambda request: json.dumps({
+        "answer": "tea" if "What does Alice drink?" in request.messages[-1].content else "Rome", "cited_memory_ids": ["T1"],
+    }))
+    with HybridMemory.open(tmp_path / "m.db", embedder=minilm, llm=llm) as mem:
+        mem.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Rome"), make_tuple("Alice", "drinks", "tea")])
+        answers = mem.answer_many(["Where does Alice live?", "What does Alice drink?"], namespace="alice")
+    assert [a.answer for a in answers] == ["Rome", "tea"]
+    assert len(llm.batches) == 1 and len(llm.batches[0]) == 2
+    assert all(len(a.cited) == 1 and a.cited[0].namespace == "alice" for a in answers)  # "T1" resolved per question

@@ -501,7 +501,8 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
     from rich.console import Console
 
     from hybridmem_local.config import load_config
-    from hybridmem_local.offline import OFFLINE_ENV, doctor_report, render_doctor
+    from hybridmem_local.doctor import doctor_report, render_doctor
+    from hybridmem_local.offline import OFFLINE_ENV
 
     for name in OFFLINE_ENV:  # doctor enforces offline mode; undo it after this test
         monkeypatch.delenv(name, raising=False)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import stat
 
 import pytest
 
 from hybridmem_local.schema import MemoryStatus
-from hybridmem_local.store import SCHEMA_VERSION, MemoryStore, NotFoundError, StoreError
+from hybridmem_local.store import _MIGRATIONS, SCHEMA_VERSION, MemoryStore, NotFoundError, StoreError
 from tests.factories import make_episode, make_session, make_tuple
 
 
@@ -105,3 +106,83 @@ def test_forget_namespace_removes_every_row(store):
         assert n == 0, table
     assert store.namespaces() == ["bob"]
     assert len(store.list_memories("bob")) == 1
+
+
+# --------------------------------------------------------------------------- provenance, duplicates
+
+
+def test_provenance_is_stored_and_read_back(store):
+    store.insert_session(make_session("alice", 1))
+    cited = make_episode("Trip", "Alice went to Paris.", ["s1:0"])
+    aligned = make_episode("Tea", "Alice likes tea.", ["s1:1"]).model_copy(update={"provenance": "aligned"})
+    bare = make_tuple("Alice", "likes", "tea")
+    ids = store.insert_memories("alice", [cited, aligned, bare], source_session_id="s1")
+    got = store.get_memories(ids)
+    assert [got[i].provenance for i in ids] == ["cited", "aligned", None]
+    assert store.history(ids[1])[0].after["provenance"] == "aligned"
+
+
+def test_a_version_2_store_is_migrated_and_its_rows_with_turns_become_cited(tmp_path):
+    """A store written before provenance existed (schema 2) opens, and its rows keep their content."""
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path)
+    for version in (1, 2):
+        conn.executescript(_MIGRATIONS[version])
+    conn.execute("INSERT INTO namespaces (name, created_at) VALUES ('alice', '2023-05-08T00:00:00+00:00')")
+    for turns, details in (('["s1:0", "s1:2"]', "Alice went to Paris."), ("[]", "Alice likes tea.")):
+        conn.execute(
+            "INSERT INTO memories (namespace, kind, title, summary, details, timestamp, source_session_id, "
+            "source_turn_ids, created_at) VALUES ('alice', 'episode', 't', 's', ?, '2023-05-07', 's1', ?, "
+            "'2023-05-08T00:00:00+00:00')",
+            (details, turns),
+        )
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+
+    migrated = MemoryStore(path)
+    assert migrated.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    with_turns, without = migrated.list_memories("alice")
+    assert (with_turns.source_turn_ids, with_turns.provenance) == (["s1:0", "s1:2"], "cited")
+    assert (without.source_turn_ids, without.provenance) == ([], None)
+    assert with_turns.details == "Alice went to Paris."
+    indexes = {r[0] for r in migrated.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "memories_timestamp" in indexes
+    migrated.close()
+    MemoryStore(path).close()  # opening again migrates nothing
+
+
+def test_add_source_turns_is_a_union_with_an_event(store):
+    store.insert_session(make_session("alice", 1))
+    (mid,) = store.insert_memories("alice", [make_episode("Trip", "Alice went to Paris.", ["s1:0", "s1:1"])])
+    store.add_source_turns(mid, ["s1:1", "s1:3"], "aligned", reason="repeats memory 1 (the same content)")
+    memory = store.get_memory(mid)
+    assert memory.source_turn_ids == ["s1:0", "s1:1", "s1:3"]
+    assert memory.provenance == "aligned"  # part of its turns were found by alignment now
+    assert memory.details == "Alice went to Paris." and memory.status == MemoryStatus.active
+    event = store.history(mid)[-1]
+    assert event.action == "duplicate" and event.reason == "repeats memory 1 (the same content)"
+    assert json.loads(event.before["source_turn_ids"]) == ["s1:0", "s1:1"]
+    assert json.loads(event.after["source_turn_ids"]) == ["s1:0", "s1:1", "s1:3"]
+
+
+def test_a_memory_without_turns_takes_the_provenance_of_the_turns_it_gains(store):
+    store.insert_session(make_session("alice", 1))
+    (mid,) = store.insert_memories("alice", [make_episode("Trip", "Alice went to Paris.")])
+    store.add_source_turns(mid, ["s1:2"], "cited", reason="r")
+    assert store.get_memory(mid).provenance == "cited"
+
+
+def test_duplicate_candidates_share_kind_and_timestamp_or_session_and_are_active(store):
+    store.insert_session(make_session("alice", 1))
+    same_day, other_day, same_session, retired = store.insert_memories("alice", [
+        make_episode("A", "a", day=1), make_episode("B", "b", day=2), make_episode("C", "c", day=3),
+        make_episode("D", "d", day=1),
+    ], source_session_id="s1")
+    store.insert_memories("alice", [make_episode("E", "e", day=2)], source_session_id="s2")
+    store.insert_memories("alice", [make_tuple("Alice", "likes", "tea", day=1)], source_session_id="s1")
+    store.insert_memories("bob", [make_episode("F", "f", day=1)], source_session_id="s1")
+    store.set_status(retired, MemoryStatus.deleted)
+    found = store.duplicate_candidates("alice", "episode", "2023-05-01", "s1")
+    assert [m.id for m in found] == [same_day, other_day, same_session]
+    assert [m.title for m in store.duplicate_candidates("alice", "episode", "2023-05-02", None)] == ["B", "E"]

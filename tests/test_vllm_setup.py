@@ -118,7 +118,7 @@ def test_converted_from_must_name_a_gguf_entry(tmp_path):
 
 
 def test_doctor_checkpoint_check_names_a_folder_vllm_cannot_load(tmp_path):
-    from hybridmem_local.offline import _checkpoint_check
+    from hybridmem_local.doctor import _checkpoint_check
 
     assert "no config.json" in _checkpoint_check(tmp_path)
     (tmp_path / "config.json").write_text("{not json")

@@ -106,23 +106,20 @@ def test_window_indexes_follow_the_window_shape_and_are_private(window_memory):
     mem.config.retrieval.window_size, mem.config.retrieval.window_stride = 1, 1
     hits = mem.search("Lima", namespace="alice", k=10).windows
     assert all(len(h.window.turns) == 1 for h in hits) and len(hits) == 6
-    index_dir = mem._index_dir("alice")
+    index_dir = mem.indexes.directory("alice")
     files = [p for p in index_dir.rglob("window*") if p.is_file()]
     assert files and all(p.stat().st_mode & 0o077 == 0 for p in files)
     mem.forget("alice")
     assert not index_dir.exists()
 
 
-def test_windows_with_memories_and_a_retriever_without_a_window_source(window_memory):
+def test_windows_with_memories(window_memory):
     mem = window_memory
     mem.config.retrieval.sources = ["episodes", "tuples", "windows"]
     mem.add_memories("alice", tuples=[make_tuple("Ann", "visited", "Lima", ["s1:2"])])
     result = mem.search("Lima", namespace="alice", k=2)
     assert result.tuples and result.windows
     assert {"s1:2"} | {t for h in result.windows for t in h.window.turn_ids} == result.provenance()
-    mem.retriever.windows_for = None
-    with pytest.raises(ValueError, match="no window source"):
-        mem.search("Lima", namespace="alice")
 
 
 # ----------------------------------------------------------------------------- context assembly

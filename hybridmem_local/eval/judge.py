@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from hybridmem_local.eval import Benchmark
 from hybridmem_local.eval.locomo import CATEGORY_NAMES
 from hybridmem_local.llm.base import LLMRequest
 from hybridmem_local.prompts import load_prompt
+from hybridmem_local.schema import StrictModel
 
-Benchmark = Literal["locomo", "longmemeval"]
 
 #: LongMemEval question type → judge prompt (as in LongMemEval's ``get_anscheck_prompt``).
 LONGMEMEVAL_JUDGE_PROMPTS: dict[str, str] = {
@@ -33,10 +34,8 @@ LOCOMO_JUDGE_PROMPT = "judge_locomo"
 JUDGE_MAX_NEW_TOKENS = 256
 
 
-class JudgeVerdict(BaseModel):
+class JudgeVerdict(StrictModel):
     """The judge's reply. ``reasoning`` comes first so the model reasons before it labels."""
-
-    model_config = ConfigDict(extra="forbid")
 
     reasoning: str = Field(description="One sentence explaining the label")
     label: Literal["CORRECT", "WRONG"]

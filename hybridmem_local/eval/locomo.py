@@ -1,13 +1,7 @@
-"""LoCoMo loader: the official ``locomo10.json`` format into :class:`~hybridmem_local.schema.Session` s.
+"""LoCoMo loader: the official ``locomo10.json`` format into conversations with their questions.
 
-The file is a JSON list of samples ``{sample_id, conversation, qa, ...}``. A conversation holds
-``speaker_a``, ``speaker_b`` and numbered sessions: ``session_N`` (a list of turns
-``{speaker, dia_id, text, blip_caption?, ...}``) with its date ``session_N_date_time``, e.g.
-``"1:56 pm on 8 May, 2023"``. Sessions are read in numeric order; a date without turns (the
-official file lists dates for sessions that were never written) is skipped and counted.
-
-Session dates carry no timezone in the benchmark; they are read as **UTC** so every
-``started_at`` is timezone-aware and the order and day arithmetic of the original are kept.
+The conversations are read by :class:`hybridmem_local.ingest.LocomoReader` (the format, the
+session dates read as UTC, the skipped empty sessions); this module adds each sample's ``qa``.
 
 Evidence ids in the official file are not all clean (``"D8:6; D9:17"``, ``"D:11:26"``,
 ``"D30:05"``, ``"D"``, ids of turns that do not exist). They are normalised where the intended
@@ -17,15 +11,16 @@ id is unambiguous; every deviation is recorded in :attr:`LocomoDataset.evidence_
 from __future__ import annotations
 
 import re
-from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hybridmem_local.eval import DatasetError, describe_validation_error, read_json_list
-from hybridmem_local.schema import Session, Turn, check_namespace
+from hybridmem_local.eval import DatasetError
+from hybridmem_local.ingest import LocomoReader, LocomoSample, describe_validation_error, parse_session_date
+from hybridmem_local.schema import Session, StrictModel, check_namespace
+
+__all__ = ["ADVERSARIAL", "CATEGORY_NAMES", "LocomoConversation", "LocomoDataset", "load_locomo", "parse_session_date"]
 
 CATEGORY_NAMES: dict[int, str] = {
     1: "multi-hop",
@@ -36,55 +31,12 @@ CATEGORY_NAMES: dict[int, str] = {
 }
 ADVERSARIAL = 5
 
-_SESSION_KEY = re.compile(r"^session_(\d+)$")
-_SESSION_DATE_KEY = re.compile(r"^session_(\d+)_date_time$")
-# "1:56 pm on 8 May, 2023"; parsed by hand so the result does not depend on the C locale.
-_SESSION_DATE = re.compile(
-    r"^\s*(\d{1,2}):(\d{2})\s*([ap])\.?m\.?\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})\s*$",
-    re.IGNORECASE,
-)
-_MONTHS = {
-    name: number
-    for number, names in enumerate(
-        [("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"),
-         ("may",), ("june", "jun"), ("july", "jul"), ("august", "aug"),
-         ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
-         ("december", "dec")],
-        start=1,
-    )
-    for name in names
-}
 # One evidence id, tolerating the stray colon of "D:11:26" and zero padding of "D30:05".
 _EVIDENCE_ID = re.compile(r"^D:?(\d+):(\d+)$")
 _EVIDENCE_SEPARATORS = re.compile(r"[\s;,]+")
 
 
-def parse_session_date(value: str) -> datetime:
-    """``"1:56 pm on 8 May, 2023"`` → ``2023-05-08 13:56 UTC`` (the benchmark has no zones)."""
-    match = _SESSION_DATE.match(value)
-    if not match:
-        raise ValueError(f"date {value!r} is not like '1:56 pm on 8 May, 2023'")
-    hour, minute, meridiem, day, month_name, year = match.groups()
-    month = _MONTHS.get(month_name.lower())
-    if month is None:
-        raise ValueError(f"date {value!r}: unknown month {month_name!r}")
-    hour_12 = int(hour)
-    if not 1 <= hour_12 <= 12:
-        raise ValueError(f"date {value!r}: hour {hour_12} is not on a 12-hour clock")
-    hour_24 = hour_12 % 12 + (12 if meridiem.lower() == "p" else 0)
-    return datetime(int(year), month, int(day), hour_24, int(minute), tzinfo=timezone.utc)
-
-
 # --------------------------------------------------------------------------- raw records
-
-
-class _RawTurn(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    speaker: str
-    dia_id: str
-    text: str
-    blip_caption: str | None = None
 
 
 class _RawQuestion(BaseModel):
@@ -100,11 +52,7 @@ class _RawQuestion(BaseModel):
 # --------------------------------------------------------------------------- loaded records
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class LocomoQuestion(_Strict):
+class LocomoQuestion(StrictModel):
     #: ``"{sample_id}:qa{index}"``, the index in the file's ``qa`` list (stable under filtering).
     question_id: str
     question: str
@@ -117,7 +65,7 @@ class LocomoQuestion(_Strict):
     category_name: Literal["multi-hop", "temporal", "open-domain", "single-hop", "adversarial"]
 
 
-class EvidenceIssue(_Strict):
+class EvidenceIssue(StrictModel):
     """One evidence string of the file that was not a clean id of an existing turn."""
 
     question_id: str
@@ -129,7 +77,7 @@ class EvidenceIssue(_Strict):
     kept: list[str]
 
 
-class LocomoConversation(_Strict):
+class LocomoConversation(StrictModel):
     sample_id: str
     namespace: str
     speaker_a: str
@@ -139,14 +87,8 @@ class LocomoConversation(_Strict):
 
     _check_namespace = field_validator("namespace")(classmethod(lambda cls, v: check_namespace(v)))
 
-    def in_namespace(self, namespace: str) -> LocomoConversation:
-        """The same conversation with every session moved to ``namespace``."""
-        check_namespace(namespace)
-        sessions = [s.model_copy(update={"namespace": namespace}) for s in self.sessions]
-        return self.model_copy(update={"namespace": namespace, "sessions": sessions})
 
-
-class LocomoDataset(_Strict):
+class LocomoDataset(StrictModel):
     path: Path
     conversations: list[LocomoConversation]
     evidence_issues: list[EvidenceIssue] = Field(default_factory=list)
@@ -157,9 +99,6 @@ class LocomoDataset(_Strict):
 
     def questions(self) -> list[LocomoQuestion]:
         return [q for c in self.conversations for q in c.questions]
-
-    def evidence_issue_counts(self) -> dict[str, int]:
-        return dict(Counter(issue.kind for issue in self.evidence_issues))
 
 
 # --------------------------------------------------------------------------- loading
@@ -180,16 +119,8 @@ def load_locomo(
     and field when the file does not have the official shape.
     """
     path = Path(path)
-    loader = _Loader(path)
-    conversations = [
-        loader.conversation(index, sample, include_adversarial, namespace_prefix)
-        for index, sample in enumerate(read_json_list(path))
-    ]
-    seen: set[str] = set()
-    for conversation in conversations:
-        if conversation.sample_id in seen:
-            raise DatasetError(f"{path}: sample_id {conversation.sample_id!r} appears twice")
-        seen.add(conversation.sample_id)
+    loader = _Loader(path, DatasetError)
+    conversations = [loader.conversation(raw, sample, include_adversarial) for raw, sample in loader.samples(namespace_prefix)]
     return LocomoDataset(
         path=path,
         conversations=conversations,
@@ -199,133 +130,34 @@ def load_locomo(
     )
 
 
-class _Loader:
-    """Walks the file by hand so that every error can say exactly where it is."""
+class _Loader(LocomoReader):
+    """The conversations as ``ingest`` reads them, with their questions and evidence checked."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, error: type[DatasetError]):
+        super().__init__(path, error)
         self.evidence_issues: list[EvidenceIssue] = []
-        self.empty_sessions_skipped = 0
-        self.empty_turns_skipped = 0
 
-    def error(self, where: str, message: str) -> DatasetError:
-        return DatasetError(f"{self.path}: {where}: {message}")
-
-    def conversation(
-        self, index: int, sample: object, include_adversarial: bool, namespace_prefix: str
-    ) -> LocomoConversation:
-        where = f"sample {index}"
-        if not isinstance(sample, dict):
-            raise self.error(where, f"expected an object, got {type(sample).__name__}")
-        sample_id = sample.get("sample_id")
-        if not isinstance(sample_id, str) or not sample_id:
-            raise self.error(where, "field 'sample_id': missing or not a non-empty string")
-        where = f"sample {index} ({sample_id})"
-        namespace = namespace_prefix + sample_id
-        try:
-            check_namespace(namespace)
-        except ValueError as exc:
-            raise self.error(where, str(exc)) from exc
-
-        conversation = sample.get("conversation")
-        if not isinstance(conversation, dict):
-            raise self.error(where, "field 'conversation': missing or not an object")
-        speakers = [conversation.get(key) for key in ("speaker_a", "speaker_b")]
-        for key, speaker in zip(("speaker_a", "speaker_b"), speakers):
-            if not isinstance(speaker, str) or not speaker:
-                raise self.error(where, f"field 'conversation.{key}': missing or not a non-empty string")
-        sessions = self.sessions(where, sample_id, namespace, conversation)
-
-        qa = sample.get("qa")
+    def conversation(self, raw: dict, sample: LocomoSample, include_adversarial: bool) -> LocomoConversation:
+        where = sample.where
+        qa = raw.get("qa")
         if not isinstance(qa, list):
             raise self.error(where, "field 'qa': missing or not a list")
-        turn_ids = {turn.turn_id for session in sessions for turn in session.turns}
+        turn_ids = {turn.turn_id for session in sample.sessions for turn in session.turns}
         questions = []
         for qa_index, record in enumerate(qa):
-            question, issues = self.question(f"{where} qa {qa_index}", f"{sample_id}:qa{qa_index}", record, turn_ids)
+            question, issues = self.question(f"{where} qa {qa_index}", f"{sample.sample_id}:qa{qa_index}", record, turn_ids)
             # Issues are reported for the questions that are loaded, so counts match the data.
             if question.category != ADVERSARIAL or include_adversarial:
                 questions.append(question)
                 self.evidence_issues.extend(issues)
         return LocomoConversation(
-            sample_id=sample_id,
-            namespace=namespace,
-            speaker_a=speakers[0],
-            speaker_b=speakers[1],
-            sessions=sessions,
+            sample_id=sample.sample_id,
+            namespace=sample.namespace,
+            speaker_a=sample.speaker_a,
+            speaker_b=sample.speaker_b,
+            sessions=sample.sessions,
             questions=questions,
         )
-
-    def sessions(self, where: str, sample_id: str, namespace: str, conversation: dict) -> list[Session]:
-        turns_by_number: dict[int, object] = {}
-        dates_by_number: dict[int, object] = {}
-        for key, value in conversation.items():
-            if match := _SESSION_KEY.match(key):
-                turns_by_number[int(match.group(1))] = value
-            elif match := _SESSION_DATE_KEY.match(key):
-                dates_by_number[int(match.group(1))] = value
-
-        sessions: list[Session] = []
-        seen_turn_ids: dict[str, int] = {}
-        for number in sorted(turns_by_number.keys() | dates_by_number.keys()):
-            raw_turns = turns_by_number.get(number)
-            session_where = f"{where} session_{number}"
-            if raw_turns is None or raw_turns == []:
-                self.empty_sessions_skipped += 1
-                continue
-            if not isinstance(raw_turns, list):
-                raise self.error(session_where, f"field 'conversation.session_{number}': expected a list of turns")
-            raw_date = dates_by_number.get(number)
-            if not isinstance(raw_date, str):
-                raise self.error(
-                    session_where, f"field 'conversation.session_{number}_date_time': missing or not a string"
-                )
-            try:
-                started_at = parse_session_date(raw_date)
-            except ValueError as exc:
-                raise self.error(session_where, f"field 'conversation.session_{number}_date_time': {exc}") from exc
-
-            turns = []
-            for turn_index, raw_turn in enumerate(raw_turns):
-                turn_where = f"{session_where} turn {turn_index}"
-                turn = self.turn(turn_where, raw_turn)
-                if turn is None:
-                    continue
-                if turn.turn_id in seen_turn_ids:
-                    raise self.error(
-                        turn_where,
-                        f"field 'dia_id': {turn.turn_id!r} already used in session_{seen_turn_ids[turn.turn_id]}",
-                    )
-                seen_turn_ids[turn.turn_id] = number
-                turns.append(turn)
-            if not turns:
-                self.empty_sessions_skipped += 1
-                continue
-            sessions.append(
-                Session(
-                    session_id=f"{sample_id}:session_{number}",
-                    namespace=namespace,
-                    started_at=started_at,
-                    turns=turns,
-                )
-            )
-        if not sessions:
-            raise self.error(where, "conversation has no session with turns")
-        return sessions
-
-    def turn(self, where: str, raw_turn: object) -> Turn | None:
-        try:
-            raw = _RawTurn.model_validate(raw_turn)
-        except ValidationError as exc:
-            raise self.error(where, describe_validation_error(exc)) from exc
-        caption = raw.blip_caption if raw.blip_caption and raw.blip_caption.strip() else None
-        if not raw.text.strip() and caption is None:
-            self.empty_turns_skipped += 1
-            return None
-        try:
-            return Turn(turn_id=raw.dia_id, speaker=raw.speaker, text=raw.text, image_caption=caption)
-        except ValidationError as exc:
-            raise self.error(where, describe_validation_error(exc)) from exc
 
     def question(
         self, where: str, question_id: str, record: object, turn_ids: set[str]

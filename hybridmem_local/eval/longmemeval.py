@@ -23,8 +23,9 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hybridmem_local.eval import DatasetError, describe_validation_error, read_json_list
-from hybridmem_local.schema import NAMESPACE_PATTERN, Session, Turn, check_namespace
+from hybridmem_local.eval import DatasetError
+from hybridmem_local.ingest import describe_validation_error, read_json_list
+from hybridmem_local.schema import NAMESPACE_PATTERN, Session, StrictModel, Turn, check_namespace
 
 QuestionType = Literal[
     "single-session-user",
@@ -96,11 +97,7 @@ class _RawInstance(BaseModel):
 # --------------------------------------------------------------------------- loaded records
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class LongMemEvalInstance(_Strict):
+class LongMemEvalInstance(StrictModel):
     question_id: str
     namespace: str
     question_type: QuestionType
@@ -118,7 +115,7 @@ class LongMemEvalInstance(_Strict):
     _check_namespace = field_validator("namespace")(classmethod(lambda cls, v: check_namespace(v)))
 
 
-class LongMemEvalDataset(_Strict):
+class LongMemEvalDataset(StrictModel):
     path: Path
     instances: list[LongMemEvalInstance]
     #: Turns whose content is empty or whitespace.
@@ -142,7 +139,7 @@ def load_longmemeval(
     """
     path = Path(path)
     loader = _Loader(path)
-    records = read_json_list(path)
+    records = read_json_list(path, DatasetError)
     if limit is not None:
         records = records[:limit]
     instances = []

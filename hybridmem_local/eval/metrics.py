@@ -25,7 +25,8 @@ from typing import Literal
 from nltk.stem import PorterStemmer
 from nltk.tokenize import NLTKWordTokenizer
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
-from pydantic import BaseModel, ConfigDict
+
+from hybridmem_local.schema import StrictModel
 
 _stemmer = PorterStemmer()
 _PUNCTUATION = set(string.punctuation)
@@ -174,11 +175,7 @@ def session_recall_at_k(
 # --------------------------------------------------------------------------- aggregation
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class MetricSummary(_Strict):
+class MetricSummary(StrictModel):
     #: Mean of the scorable values; None when there were none.
     mean: float | None
     #: Values averaged.
@@ -187,7 +184,7 @@ class MetricSummary(_Strict):
     skipped: int
 
 
-class MetricReport(_Strict):
+class MetricReport(StrictModel):
     overall: MetricSummary
     by_category: dict[str, MetricSummary]
 

@@ -182,8 +182,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     """What reproduces the run: versions, commit, config, models, prompts, seed, command line."""
     import hybridmem_local
-    from hybridmem_local.eval.runner import prompt_names
-    from hybridmem_local.prompts import load_prompt
+    from hybridmem_local.prompts import load_prompt, prompt_names
 
     judge = config.judge or config.llm
     commit = _git("rev-parse", "HEAD")

@@ -12,9 +12,10 @@ For each conversation (a LoCoMo sample, a LongMemEval instance):
    works on a copy consolidated after ingest (``STORES/<namespace>.consolidated-mcsN.db``,
    one per min_cluster_size), so curation runs once per conversation.
 2. **Questions**, per system, in batches of ``batch_size``: the system builds each context
-   (``systems.py``), one batched LLM call answers them all (``answering.py``'s request, JSON
+   (``systems.py``), one batched LLM call answers them all (``answering.answer_many``, JSON
    constrained), one batched call judges them (``eval/judge.py``), and the metrics are
-   computed. Each batch is appended to ``predictions.jsonl`` as soon as it is done.
+   computed (``records.py``). Each batch is appended to ``predictions.jsonl`` as soon as it
+   is done. Options live in ``options.py``, LLM accounting in ``accounting.py``.
 3. **Report**: ``summary.json``, ``summary.md``, ``summary.csv``, plots and ``manifest.json``
    (``report.py``).
 
@@ -31,295 +32,45 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hybridmem_local.answering import AnswerDraft, build_answer_request
+from hybridmem_local.answering import Answer, answer_many, build_answer_request
 from hybridmem_local.config import Config
 from hybridmem_local.context import RenderedContext
 from hybridmem_local.curation import TEMPLATE_ALLOWANCE_TOKENS
-from hybridmem_local.eval import DatasetError, metrics
+from hybridmem_local.eval import DatasetError
+from hybridmem_local.eval.accounting import PHASES, MeteredLLM, PhaseUsage
+from hybridmem_local.eval.benchmarks import load_benchmark
 from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
-from hybridmem_local.eval.locomo import ADVERSARIAL, load_locomo
-from hybridmem_local.eval.longmemeval import load_longmemeval
-from hybridmem_local.eval.systems import (
-    DEFAULT_RAG_BUDGET,
-    SYSTEMS,
-    EvalConversation,
-    EvalQuestion,
-    RankedItem,
-    SystemContext,
-    SystemSettings,
-    build_system,
-    retrieved_at,
+from hybridmem_local.eval.locomo import ADVERSARIAL
+from hybridmem_local.eval.options import RunOptions, SystemRun, system_runs
+from hybridmem_local.eval.records import (
+    PREDICTIONS,
+    USAGE,
+    QuestionRecord,
+    Verdict,
+    append_jsonl,
+    question_metrics,
+    read_records,
 )
-from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.eval.systems import SYSTEMS, EvalConversation, EvalQuestion, SystemContext, SystemSettings, build_system
+from hybridmem_local.llm.base import StructuredLLM
+from hybridmem_local.prompts import load_prompt, prompt_names
+from hybridmem_local.schema import StrictModel
 
 if TYPE_CHECKING:
     from hybridmem_local.memory import HybridMemory
 
 log = logging.getLogger(__name__)
 
-Benchmark = Literal["locomo", "longmemeval"]
-#: Retrieval budgets at which recall@k is reported (the paper's k sweep: 2, 5, 10, 20).
-DEFAULT_RECALL_KS = [2, 5, 10, 20]
-#: Questions per batched answer (and judge) call; each batch is saved before the next starts.
-DEFAULT_BATCH_SIZE = 32
 #: Below this many tokens for the context, answering would be pointless: a config error.
 MIN_CONTEXT_TOKENS = 64
-
-PREDICTIONS = "predictions.jsonl"
-USAGE = "usage.jsonl"
-PHASES = ("curation", "consolidation", "retrieval", "answering", "judging")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-# --------------------------------------------------------------------------- options
-
-
-class RunOptions(_Strict):
-    benchmark: Benchmark
-    data: Path
-    out: Path
-    systems: list[str] = Field(default_factory=lambda: list(SYSTEMS))
-    #: LoCoMo sample ids / LongMemEval question ids; None = all.
-    conversations: list[str] | None = None
-    #: Questions per conversation (LoCoMo) or instances (LongMemEval), first ones first.
-    limit: int | None = Field(default=None, ge=1)
-    #: Ingest only the first N sessions of each conversation (questions are all kept).
-    max_sessions: int | None = Field(default=None, ge=1)
-    #: No answering, judging or curation: retrieval metrics from existing (curated) stores.
-    retrieval_only: bool = False
-    #: Curate again the sessions whose curation failed in an earlier run (e.g. after a config fix).
-    retry_failed: bool = False
-    #: Retrieval budgets to sweep for the memory systems (None: ``retrieval.k`` only).
-    ks: list[int] | None = None
-    #: min_cluster_size values to sweep for hybrid+consolidation (None: the config's).
-    mcs: list[int] | None = None
-    include_adversarial: bool = False
-    rag_budget: int = Field(default=DEFAULT_RAG_BUDGET, ge=1)
-    recall_ks: list[int] = Field(default_factory=lambda: list(DEFAULT_RECALL_KS))
-    batch_size: int = Field(default=DEFAULT_BATCH_SIZE, ge=1)
-    #: Folder of the per-conversation stores (default OUT/stores); share it between runs.
-    stores: Path | None = None
-    #: The LLM call cache (default OUT/llm_cache.sqlite).
-    llm_cache: Path | None = None
-    #: The command line, for the manifest.
-    command: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _check(self) -> RunOptions:
-        unknown = [s for s in self.systems if s not in SYSTEMS]
-        if unknown:
-            raise ValueError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
-        if not self.systems:
-            raise ValueError("no system to evaluate")
-        for name, values in (("k", self.ks), ("mcs", self.mcs), ("recall k", self.recall_ks)):
-            if values is not None and (not values or min(values) < 1):
-                raise ValueError(f"{name} values must be positive integers, got {values}")
-        if self.mcs is not None and min(self.mcs) < 2:
-            raise ValueError(f"min_cluster_size must be at least 2 (HDBSCAN), got {self.mcs}")
-        if self.ks:
-            self.recall_ks = sorted(set(self.recall_ks) | set(self.ks))
-        if self.mcs and "hybrid+consolidation" not in self.systems:
-            self.systems = [*self.systems, "hybrid+consolidation"]
-        if self.ks and not any(SYSTEMS[s].ranked and SYSTEMS[s].needs != "raw" for s in self.systems):
-            raise ValueError("--k sweeps the memory systems; none is among --systems")
-        if self.include_adversarial and self.benchmark != "locomo":
-            raise ValueError("--include-adversarial applies to LoCoMo only")
-        return self
-
-    @property
-    def stores_dir(self) -> Path:
-        return self.stores or self.out / "stores"
-
-    @property
-    def cache_path(self) -> Path:
-        return self.llm_cache or self.out / "llm_cache.sqlite"
-
-
-class SystemRun(_Strict):
-    """One system variant: a registry name with a retrieval budget and, for consolidation, an mcs."""
-
-    label: str
-    system: str
-    k: int
-    mcs: int | None = None
-
-
-def system_runs(options: RunOptions, config: Config) -> list[SystemRun]:
-    """The variants to evaluate: each system at each swept k (memory systems) and mcs.
-
-    A variant at the config's own k / mcs keeps the plain system name; others get
-    ``@kN`` / ``@mcsN`` appended.
-    """
-    base_k = config.retrieval.k
-    base_mcs = config.consolidation.hdbscan.min_cluster_size
-    runs = []
-    for name in options.systems:
-        cls = SYSTEMS[name]
-        sweeps_k = cls.ranked and cls.needs != "raw"
-        ks = (options.ks or [base_k]) if sweeps_k else [base_k]
-        mcss: list[int | None] = (options.mcs or [base_mcs]) if cls.needs == "consolidated" else [None]
-        for mcs in mcss:
-            for k in ks:
-                label = name + (f"@mcs{mcs}" if mcs not in (None, base_mcs) else "") + (f"@k{k}" if k != base_k else "")
-                runs.append(SystemRun(label=label, system=name, k=k, mcs=mcs))
-    return runs
-
-
-# --------------------------------------------------------------------------- loading benchmarks
-
-
-class LoadedBenchmark(_Strict):
-    conversations: list[EvalConversation]
-    #: The loader's counts for the selected data (malformed evidence, skipped sessions...).
-    counts: dict[str, Any]
-
-
-def load_benchmark(options: RunOptions) -> LoadedBenchmark:
-    """The selected conversations as benchmark-neutral records; unknown ids are an error."""
-    if options.benchmark == "locomo":
-        dataset = load_locomo(options.data, include_adversarial=options.include_adversarial)
-        conversations = [_from_locomo(c) for c in dataset.conversations]
-    else:
-        dataset = load_longmemeval(options.data)
-        conversations = [_from_longmemeval(i) for i in dataset.instances]
-    if options.conversations:
-        known = {c.conversation_id for c in conversations}
-        unknown = [c for c in options.conversations if c not in known]
-        if unknown:
-            sample = ", ".join(sorted(known)[:10])
-            raise DatasetError(f"{options.data}: no conversation {unknown} (the file has {sample}...)")
-        wanted = set(options.conversations)
-        conversations = [c for c in conversations if c.conversation_id in wanted]
-    if options.benchmark == "longmemeval" and options.limit:
-        conversations = conversations[: options.limit]
-    elif options.limit:
-        conversations = [c.model_copy(update={"questions": c.questions[: options.limit]}) for c in conversations]
-    if options.max_sessions:
-        conversations = [c.model_copy(update={"sessions": c.sessions[: options.max_sessions]}) for c in conversations]
-    selected = {q.question_id for c in conversations for q in c.questions}
-    if options.benchmark == "locomo":
-        issues = [i for i in dataset.evidence_issues if i.question_id in selected]
-        counts: dict[str, Any] = {
-            "malformed_evidence": {kind: sum(1 for i in issues if i.kind == kind) for kind in ("split", "repaired", "unresolvable", "dangling")},
-            "empty_sessions_skipped_in_file": dataset.empty_sessions_skipped,
-            "empty_turns_skipped_in_file": dataset.empty_turns_skipped,
-        }
-    else:
-        counts = {
-            "empty_sessions_skipped_in_file": dataset.empty_sessions_skipped,
-            "empty_turns_skipped_in_file": dataset.empty_turns_skipped,
-            "duplicate_sessions_skipped_in_file": dataset.duplicate_sessions_skipped,
-        }
-    counts["questions_without_evidence"] = sum(1 for c in conversations for q in c.questions if not q.evidence)
-    return LoadedBenchmark(conversations=conversations, counts=counts)
-
-
-def _from_locomo(conversation) -> EvalConversation:
-    return EvalConversation(
-        conversation_id=conversation.sample_id,
-        namespace=conversation.namespace,
-        sessions=conversation.sessions,
-        questions=[
-            EvalQuestion(
-                question_id=q.question_id,
-                question=q.question,
-                gold=q.answer,
-                category=q.category_name,
-                category_number=q.category,
-                adversarial_answer=q.adversarial_answer,
-                evidence=q.evidence,
-            )
-            for q in conversation.questions
-        ],
-    )
-
-
-def _from_longmemeval(instance) -> EvalConversation:
-    return EvalConversation(
-        conversation_id=instance.question_id,
-        namespace=instance.namespace,
-        sessions=instance.sessions,
-        questions=[
-            EvalQuestion(
-                question_id=instance.question_id,
-                question=instance.question,
-                gold=instance.answer,
-                category=instance.question_type,
-                abstention=instance.is_abstention,
-                evidence=instance.evidence_turn_ids,
-                answer_session_ids=instance.answer_session_ids,
-                question_date=instance.question_date,
-            )
-        ],
-    )
-
-
-# --------------------------------------------------------------------------- LLM accounting
-
-
-class PhaseUsage(_Strict):
-    """What one phase asked of an LLM; ``requests - cached`` reached the model."""
-
-    requests: int = 0
-    cached: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    #: Model seconds reported by the backend (sum of request latencies; cache hits ~0).
-    llm_s: float = 0.0
-    #: Wall-clock seconds of the phase as the runner timed it.
-    wall_s: float = 0.0
-    #: Sessions (curation, consolidation) or questions (retrieval, answering, judging) covered.
-    units: int = 0
-
-    @property
-    def model_calls(self) -> int:
-        return self.requests - self.cached
-
-    def add(self, other: PhaseUsage) -> None:
-        for name in type(self).model_fields:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-
-class MeteredLLM:
-    """A :class:`StructuredLLM` view of a shared backend that counts what passes through it.
-
-    It has no ``close``: the stores that hold it (``HybridMemory.close`` closes its LLM)
-    must not close the backend the whole run shares.
-    """
-
-    def __init__(self, inner: StructuredLLM, usage: PhaseUsage):
-        self.inner = inner
-        self.model_id = inner.model_id
-        self.usage = usage
-
-    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
-        results = self.inner.generate(requests)
-        usage = self.usage
-        usage.requests += len(results)
-        for result in results:
-            usage.cached += result.cached
-            usage.failed += not result.ok
-            usage.prompt_tokens += result.prompt_tokens
-            usage.completion_tokens += result.completion_tokens
-            usage.llm_s += 0.0 if result.cached else result.latency_s
-        return results
-
-    def count_tokens(self, text: str) -> int:
-        return self.inner.count_tokens(text)
 
 
 class Models:
@@ -360,114 +111,10 @@ class Models:
                 llm.close()
 
 
-# --------------------------------------------------------------------------- records
-
-
-class Verdict(_Strict):
-    label: Literal["CORRECT", "WRONG"]
-    reasoning: str
-    #: False when the runner decided without a judge call (no answer to judge).
-    judged_by_llm: bool = True
-
-
-class QuestionRecord(_Strict):
-    """One line of ``predictions.jsonl``: a question answered (or retrieved for) by one system."""
-
-    run_key: str
-    system: str
-    system_name: str
-    conversation_id: str
-    question_id: str
-    question: str
-    category: str
-    gold: str | None
-    adversarial_answer: str | None = None
-    evidence: list[str]
-    #: None with ``--retrieval-only``.
-    prediction: str | None = None
-    answer_error: str | None = None
-    cited: list[str] = Field(default_factory=list)
-    cited_memory_ids: list[int] = Field(default_factory=list)
-    retrieved: list[RankedItem] = Field(default_factory=list)
-    context_turns: int = 0
-    context_tokens: int = 0
-    context_truncated: bool = False
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    retrieval_s: float = 0.0
-    answer_s: float | None = None
-    judge_s: float | None = None
-    verdict: Verdict | None = None
-    judge_error: str | None = None
-    metrics: dict[str, float | bool | None]
-
-
-def read_records(path: Path) -> list[dict]:
-    """The records of a predictions file; a line cut short by a kill is skipped with a warning."""
-    if not path.exists():
-        return []
-    records = []
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("%s line %d is not valid JSON (a run killed mid-write?); ignored", path, number)
-    return records
-
-
-def _append_jsonl(path: Path, rows: Iterable[BaseModel | dict]) -> None:
-    with open(path, "a", encoding="utf-8") as out:
-        for row in rows:
-            out.write((row.model_dump_json() if isinstance(row, BaseModel) else json.dumps(row)) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-
-
-# --------------------------------------------------------------------------- metrics of one question
-
-
-def question_metrics(
-    benchmark: Benchmark,
-    question: EvalQuestion,
-    context: SystemContext,
-    prediction: str | None,
-    verdict: Verdict | None,
-    ranked: bool,
-    recall_ks: Sequence[int],
-    tuple_multiplier: int,
-    turn_sessions: dict[str, str],
-) -> dict[str, float | bool | None]:
-    """Every per-question figure: None where it does not apply (aggregation leaves it out)."""
-    values: dict[str, float | bool | None] = {
-        "judge_correct": None if verdict is None else verdict.label == "CORRECT",
-        "f1_official": None,
-        "f1": None,
-        "bleu1": None,
-        "evidence_recall": metrics.evidence_recall(context.turn_ids, question.evidence),
-    }
-    if prediction is not None:
-        if benchmark == "locomo" and question.category_number is not None:
-            values["f1_official"] = metrics.f1_official(prediction, question.gold or "", question.category_number)
-        if question.gold is not None and question.category_number != ADVERSARIAL:
-            values["f1"] = metrics.f1_mem0(prediction, question.gold)
-            values["bleu1"] = metrics.bleu1(prediction, question.gold)
-    sessions = [turn_sessions[t] for item in context.ranked for t in item.turn_ids if t in turn_sessions]
-    for k in recall_ks:
-        values[f"evidence_recall@{k}"] = values[f"session_recall@{k}"] = None
-        if ranked:
-            top = retrieved_at(context.ranked, k, tuple_multiplier)
-            values[f"evidence_recall@{k}"] = metrics.evidence_recall({t for i in top for t in i.turn_ids}, question.evidence)
-            values[f"session_recall@{k}"] = metrics.session_recall_at_k(sessions, question.answer_session_ids, k)
-    return values
-
-
 # --------------------------------------------------------------------------- the run
 
 
-class RunResult(_Strict):
+class RunResult(StrictModel):
     out: Path
     summary: dict[str, Any]
     #: This invocation's LLM use per phase (the summary's cost sums every invocation).
@@ -542,7 +189,7 @@ class _Run:
                 new += self._conversation(conversation, done, predictions)
                 self.progress.advance(conversations_task)
         finally:
-            _append_jsonl(options.out / USAGE, self.usage_rows)
+            append_jsonl(options.out / USAGE, self.usage_rows)
             self.models.close()
         records = [
             r for r in read_records(predictions)
@@ -575,8 +222,6 @@ class _Run:
         return RunResult(out=options.out, summary=summary, usage=self.usage, new_records=new, resumed_records=resumed)
 
     def _run_key(self, run: SystemRun) -> str:
-        from hybridmem_local.prompts import load_prompt
-
         options = self.options
         material = {
             "config": self.config_hash,
@@ -647,10 +292,13 @@ class _Run:
         pending = [r for status in statuses for r in memory.store.iter_sessions(namespace, status)]
         if pending and wanted and not self.options.retrieval_only:
             started = time.perf_counter()
-            tasks = set(self.progress.task_ids)
-            memory.curate_pending(namespace, retry_failed=retry, progress=self.progress)
-            for task in set(self.progress.task_ids) - tasks:
-                self.progress.remove_task(task)
+            task = self.progress.add_task(f"curating {namespace}", total=len(pending))
+            with self.progress:
+                memory.curate_pending(
+                    namespace, retry_failed=retry,
+                    on_progress=lambda done, total: self.progress.update(task, completed=done, total=total),
+                )
+            self.progress.remove_task(task)
             usage.wall_s = time.perf_counter() - started
             usage.units = len(pending)
             self._record_usage("curation", usage, conversation.conversation_id)
@@ -682,7 +330,7 @@ class _Run:
     def _consolidated(self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation, opened: list) -> HybridMemory | None:
         """A copy of the curated store consolidated at ``run.mcs``, made once and reused while the
         curated store stays as it was (its fingerprint is kept beside the copy)."""
-        from hybridmem_local.consolidation import ConsolidationReport, consolidate
+        from hybridmem_local.consolidation import ConsolidationReport
         from hybridmem_local.memory import HybridMemory
 
         namespace = conversation.namespace
@@ -701,7 +349,7 @@ class _Run:
             copy_store(memory, path)
             started = time.perf_counter()
             with HybridMemory.open(path, config, embedder=self.embedder) as copy:
-                report = consolidate(copy, namespace, MeteredLLM(self.models.answer, usage))
+                report = copy.consolidate(namespace, llm=MeteredLLM(self.models.answer, usage))
             usage.wall_s = time.perf_counter() - started
             usage.units = len(conversation.sessions)
             self._record_usage("consolidation", usage, conversation.conversation_id, f"mcs{run.mcs}")
@@ -775,22 +423,29 @@ class _Run:
                     seconds.append(time.perf_counter() - t0)
                 retrieval.wall_s += time.perf_counter() - began
                 retrieval.units += len(batch)
-                answers: list[LLMResult | None] = [None] * len(batch)
+                answers: list[Answer | None] = [None] * len(batch)
                 verdicts: list[tuple[Verdict | None, str | None, float | None]] = [(None, None, None)] * len(batch)
                 if not self.options.retrieval_only:
                     began = time.perf_counter()
-                    answers = self._answer(answer_llm, conversation.namespace, batch, contexts)
+                    answers = answer_many(
+                        answer_llm,
+                        [q.question for q in batch],
+                        [RenderedContext(text=c.text, short_ids=c.short_ids) for c in contexts],
+                        [q.question_date for q in batch],
+                        enable_thinking=self.config.llm.enable_thinking,
+                        tag=conversation.namespace,
+                    )
                     answering.wall_s += time.perf_counter() - began
                     answering.units += len(batch)
                     began = time.perf_counter()
-                    verdicts = self._judge(judge_llm, conversation.namespace, batch, [_prediction(a) for a in answers])
+                    verdicts = self._judge(judge_llm, conversation.namespace, batch, [a.answer for a in answers])
                     judging.wall_s += time.perf_counter() - began
                     judging.units += len(batch)
                 records = [
                     self._record(run, key, conversation, q, c, s, a, v, system.ranked, turn_sessions)
                     for q, c, s, a, v in zip(batch, contexts, seconds, answers, verdicts)
                 ]
-                _append_jsonl(predictions, records)
+                append_jsonl(predictions, records)
                 self.progress.advance(task, len(batch))
         self.progress.remove_task(task)
         for phase, scope in (("retrieval", retrieval), ("answering", answering), ("judging", judging)):
@@ -802,17 +457,6 @@ class _Run:
             f"{retrieval.wall_s + answering.wall_s + judging.wall_s:.0f}s)"
         )
         return len(pending)
-
-    def _answer(
-        self, llm: StructuredLLM, namespace: str, batch: list[EvalQuestion], contexts: list[SystemContext]
-    ) -> list[LLMResult]:
-        thinking = self.config.llm.enable_thinking
-        requests = [
-            build_answer_request(q.question, RenderedContext(text=c.text, short_ids=c.short_ids), q.question_date, thinking)
-            .model_copy(update={"tag": namespace})
-            for q, c in zip(batch, contexts)
-        ]
-        return llm.generate(requests)
 
     def _judge(
         self, llm: StructuredLLM, namespace: str, batch: list[EvalQuestion], predictions: list[str]
@@ -843,14 +487,11 @@ class _Run:
 
     def _record(
         self, run: SystemRun, key: str, conversation: EvalConversation, question: EvalQuestion,
-        context: SystemContext, retrieval_s: float, answer: LLMResult | None,
+        context: SystemContext, retrieval_s: float, answer: Answer | None,
         judged: tuple[Verdict | None, str | None, float | None], ranked: bool, turn_sessions: dict[str, str],
     ) -> QuestionRecord:
         verdict, judge_error, judge_s = judged
-        draft = answer.parsed if answer is not None and answer.ok and isinstance(answer.parsed, AnswerDraft) else None
-        prediction = None if answer is None else (draft.answer.strip() if draft else "")
-        cited = draft.cited_memory_ids if draft else []
-        short_ids = {s.upper(): m for s, m in context.short_ids.items()}
+        prediction = None if answer is None else answer.answer
         return QuestionRecord(
             run_key=key,
             system=run.label,
@@ -863,9 +504,9 @@ class _Run:
             adversarial_answer=question.adversarial_answer,
             evidence=question.evidence,
             prediction=prediction,
-            answer_error=None if answer is None or draft else (answer.error or "reply is not an AnswerDraft"),
-            cited=cited,
-            cited_memory_ids=[short_ids[c] for c in (x.strip().strip("[]").strip().upper() for x in cited) if c in short_ids],
+            answer_error=None if answer is None else answer.error,
+            cited=[] if answer is None else answer.citations,
+            cited_memory_ids=[] if answer is None else answer.cited_memory_ids,
             retrieved=context.ranked if ranked else [],
             context_turns=len(context.turn_ids),
             context_tokens=context.tokens,
@@ -882,19 +523,6 @@ class _Run:
                 self.config.retrieval.tuple_multiplier, turn_sessions,
             ),
         )
-
-
-def _prediction(answer: LLMResult | None) -> str:
-    if answer is None or not answer.ok or not isinstance(answer.parsed, AnswerDraft):
-        return ""
-    return answer.parsed.answer.strip()
-
-
-def prompt_names() -> list[str]:
-    """Every prompt template; their versions go into run keys and the manifest."""
-    from hybridmem_local.prompts import PROMPTS_DIR
-
-    return sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml"))
 
 
 def copy_store(memory: HybridMemory, path: Path) -> None:

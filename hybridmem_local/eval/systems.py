@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Callable, ClassVar, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, Field
 
 from hybridmem_local.config import Config, RetrievalConfig
 from hybridmem_local.retrieval import Retriever, format_context
-from hybridmem_local.schema import SearchResult, Session, turn_line
+from hybridmem_local.schema import Provenance, SearchResult, Session, StrictModel, turn_line
 
 if TYPE_CHECKING:
     from hybridmem_local.memory import HybridMemory
@@ -47,14 +47,10 @@ DEFAULT_RAG_BUDGET = 4096
 StoreNeed = Literal["raw", "curated", "consolidated"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 # --------------------------------------------------------------------------- benchmark-neutral records
 
 
-class EvalQuestion(_Strict):
+class EvalQuestion(StrictModel):
     """One question as every system and metric sees it, whichever benchmark it came from."""
 
     question_id: str
@@ -75,7 +71,7 @@ class EvalQuestion(_Strict):
     question_date: AwareDatetime | None = None
 
 
-class EvalConversation(_Strict):
+class EvalConversation(StrictModel):
     """One history and the questions asked over it: a LoCoMo sample or a LongMemEval instance."""
 
     conversation_id: str
@@ -91,18 +87,20 @@ class EvalConversation(_Strict):
 # --------------------------------------------------------------------------- what a system returns
 
 
-class RankedItem(_Strict):
+class RankedItem(StrictModel):
     """One retrieved item: a memory (episode, tuple) or an evidence window of raw turns."""
 
     store: Literal["episodes", "tuples", "windows"]
     #: Memory id, or the window id (the turns-table key of its first turn).
     id: int
     turn_ids: list[str]
+    #: How a memory's turns were obtained (schema.Provenance); None for a window or a memory without turns.
+    provenance: Provenance | None = None
     #: Whether the item made it into the context (a token budget can leave it out).
     shown: bool
 
 
-class SystemContext(_Strict):
+class SystemContext(StrictModel):
     text: str
     #: Provenance of what the answer model is shown: every turn id the context covers.
     turn_ids: list[str]
@@ -161,9 +159,7 @@ class RetrievalSystem:
 
     def prepare(self, conversation: EvalConversation, memory: HybridMemory) -> None:
         self._namespace = conversation.namespace
-        self._retriever = Retriever(
-            memory.store, memory.index_for, memory.embed_query, self.retrieval, memory.lexical.get, memory.windows.get
-        )
+        self._retriever = Retriever(memory.store, memory.indexes, self.retrieval)
 
     def _limits(self) -> dict[str, int]:
         k = self.settings.k
@@ -369,7 +365,10 @@ def _interleave(
     for order, (store, hits) in enumerate((("episodes", result.episodes), ("tuples", result.tuples))):
         for rank, hit in enumerate(hits):
             memory = hit.memory
-            item = RankedItem(store=store, id=memory.id, turn_ids=list(memory.source_turn_ids), shown=memory.id in shown_memories)
+            item = RankedItem(
+                store=store, id=memory.id, turn_ids=list(memory.source_turn_ids), provenance=memory.provenance,
+                shown=memory.id in shown_memories,
+            )
             items.append((rank // per_step[store], order, item))
     for rank, hit in enumerate(result.windows):
         window = hit.window

@@ -37,6 +37,9 @@ def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Pat
     """
     backend = BACKENDS[config.backend]
     if backend.needs_local_model:
+        from hybridmem_local.offline import enforce_offline
+
+        enforce_offline()  # before any engine import: hub libraries read the variables at import
         if model_path is None:
             from hybridmem_local.model_registry import resolve_model
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sqlite3
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hybridmem_local.files import create_owner_only
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.replies import check_reply, schema_json
 
@@ -59,7 +59,7 @@ class CachedLLM:
         self.chunk_size = chunk_size
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            create_owner_only(self.path)
         # `hybridmem serve` calls it from its worker and ask threads, one call at a time
         # (service.state.SerializedLLM): the connection must not be tied to the creating thread.
         self._db = sqlite3.connect(self.path, check_same_thread=False)

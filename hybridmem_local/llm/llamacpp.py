@@ -8,20 +8,14 @@ because only llama.cpp's response carries the token usage every result reports.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from hybridmem_local.config import LLMConfig
 from hybridmem_local.llm.base import LLMError, LLMRequest
-from hybridmem_local.llm.replies import ChatBackend, Completion, schema_json
-
-#: Whitespace allowed between JSON tokens: one optional space. Small models left free to emit
-#: whitespace can loop on newlines until max_new_tokens.
-JSON_WHITESPACE = r"[ ]?"
+from hybridmem_local.llm.constrained import OutlinesProcessors
+from hybridmem_local.llm.replies import ChatBackend, Completion
 
 
 def find_gguf(path: Path) -> Path:
@@ -52,26 +46,15 @@ class LlamaCppLLM(ChatBackend):
             raise LLMError(
                 f"the llamacpp backend needs llama-cpp-python ({exc}); install the 'cpu-llm' extra"
             ) from exc
+        gguf = find_gguf(model_path)
         self._llama = Llama(
-            model_path=str(find_gguf(model_path)),
+            model_path=str(gguf),
             n_ctx=config.context_tokens,
             n_threads=config.n_threads or os.cpu_count(),
             seed=config.seed,
             verbose=False,
         )
-        self._outlines_model = outlines.from_llamacpp(self._llama)
-        self._processors: dict[str, object] = {}
-
-    def _processor(self, schema: type[BaseModel]):
-        """Building the index is the expensive part of constraining, so keep one per schema."""
-        from outlines.backends import get_json_schema_logits_processor
-
-        key = json.dumps(schema_json(schema))
-        if key not in self._processors:
-            self._processors[key] = get_json_schema_logits_processor(
-                None, self._outlines_model, key, whitespace_pattern=JSON_WHITESPACE
-            )
-        return self._processors[key]
+        self._processors = OutlinesProcessors(outlines.from_llamacpp(self._llama), f"llamacpp:{gguf.resolve()}")
 
     def _complete(self, requests: list[LLMRequest]) -> list[Completion]:
         return [self._complete_one(request) for request in requests]
@@ -81,7 +64,7 @@ class LlamaCppLLM(ChatBackend):
 
         logits_processor = None
         if request.output_schema is not None:
-            processor = self._processor(request.output_schema)
+            processor = self._processors.get(request.output_schema)
             processor.reset()
             logits_processor = LogitsProcessorList([processor])
         start = time.perf_counter()

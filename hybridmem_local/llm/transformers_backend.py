@@ -14,11 +14,10 @@ import time
 from itertools import groupby
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from hybridmem_local.config import LLMConfig
 from hybridmem_local.llm.base import LLMError, LLMRequest
-from hybridmem_local.llm.llamacpp import JSON_WHITESPACE, find_gguf
+from hybridmem_local.llm.constrained import OutlinesProcessors
+from hybridmem_local.llm.llamacpp import find_gguf
 from hybridmem_local.llm.replies import ChatBackend, Completion, schema_json
 
 
@@ -49,22 +48,13 @@ class TransformersLLM(ChatBackend):
         self._model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **load_args)
         self._model.eval()
         # Also sets left padding and a pad token, which batched generation needs.
-        self._outlines_model = outlines.from_transformers(self._model, self._tokenizer)
+        self._processors = OutlinesProcessors(
+            outlines.from_transformers(self._model, self._tokenizer), f"transformers:{Path(folder).resolve()}:{gguf_file or ''}"
+        )
         eos = self._model.generation_config.eos_token_id
         if eos is None:
             eos = self._tokenizer.eos_token_id
         self._eos_ids = set(eos if isinstance(eos, list) else [eos])
-        self._processors: dict[str, object] = {}
-
-    def _processor(self, schema: type[BaseModel]):
-        from outlines.backends import get_json_schema_logits_processor
-
-        key = json.dumps(schema_json(schema))
-        if key not in self._processors:
-            self._processors[key] = get_json_schema_logits_processor(
-                None, self._outlines_model, key, whitespace_pattern=JSON_WHITESPACE
-            )
-        return self._processors[key]
 
     def _prompt(self, request: LLMRequest) -> str:
         return self._tokenizer.apply_chat_template(
@@ -95,7 +85,7 @@ class TransformersLLM(ChatBackend):
         schema = requests[0].output_schema
         logits_processor = LogitsProcessorList()
         if schema is not None:
-            processor = self._processor(schema)
+            processor = self._processors.get(schema)
             processor.reset()
             logits_processor.append(processor)
         # The chat template already wrote the special tokens (BOS etc.).

@@ -13,10 +13,10 @@ from functools import lru_cache
 from pathlib import Path
 from string import Template
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hybridmem_local.llm.base import ChatMessage
+from hybridmem_local.readers import read_yaml_mapping
 
 PROMPTS_DIR = Path(__file__).parent
 _NAME = re.compile(r"^[a-z0-9_]+$")
@@ -56,13 +56,13 @@ def load_prompt(name: str) -> PromptTemplate:
     if not _NAME.match(name):
         raise PromptError(f"invalid prompt name {name!r}: use lowercase letters, digits and _")
     path = PROMPTS_DIR / f"{name}.yaml"
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise PromptError(f"cannot read prompt {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise PromptError(f"prompt {path}: expected a mapping with version, system, user")
+    data = read_yaml_mapping(path, "prompt", PromptError)
     try:
         return PromptTemplate(name=name, **data)
     except (ValidationError, TypeError) as exc:
         raise PromptError(f"prompt {path}: {exc}") from exc
+
+
+def prompt_names() -> list[str]:
+    """Every prompt template in this folder; their versions go into eval run keys and manifests."""
+    return sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml"))

@@ -28,8 +28,6 @@ from hybridmem_local.consolidation import (
     Group,
     StoreReport,
     TuplePlan,
-    _apply,
-    undo,
     validate_plan,
 )
 from hybridmem_local.memory import HybridMemory
@@ -113,9 +111,9 @@ def _consolidate(memory: HybridMemory, kind: str, size: int, merged_index: int, 
     })
     group = Group(kind=kind, memory_ids=[m.id for m in members])
     plan = ConsolidationPlan(namespace=NS, groups=[validate_plan(group, members, reply)])
-    report = ConsolidationReport(namespace=NS, backend="given",
+    report = ConsolidationReport(namespace=NS, backend="given", plan=plan,
                                  stores={k: StoreReport(memories_before=len(memory.list(NS, kind=k))) for k in ("episode", "tuple")})
-    _apply(memory, plan, report)
+    memory.apply_consolidation(report)
 
 
 def _undo(memory: HybridMemory, pick: int) -> None:
@@ -124,7 +122,7 @@ def _undo(memory: HybridMemory, pick: int) -> None:
     if not runs:
         return
     try:
-        undo(memory, runs[pick % len(runs)])
+        memory.undo(runs[pick % len(runs)])
     except ConsolidationError:
         pass  # a later run built on it: refused, nothing changed (the check below sees the same state)
 

@@ -1,0 +1,51 @@
+"""LLM accounting of an evaluation run: per-phase usage and the metered view of a shared backend.
+
+Every phase (curation, consolidation, retrieval, answering, judging) counts into its own
+:class:`PhaseUsage`; the runner sums them per invocation and appends one row per phase and
+conversation to ``usage.jsonl``, from which the report's cost table is built.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.usage import LLMUsage
+
+PHASES = ("curation", "consolidation", "retrieval", "answering", "judging")
+
+
+class PhaseUsage(LLMUsage):
+    """What one phase asked of an LLM, with the time the runner measured around it."""
+
+    #: Wall-clock seconds of the phase as the runner timed it.
+    wall_s: float = 0.0
+    #: Sessions (curation, consolidation) or questions (retrieval, answering, judging) covered.
+    units: int = 0
+
+    def add(self, other: LLMUsage) -> None:
+        super().add(other)
+        if isinstance(other, PhaseUsage):
+            self.wall_s += other.wall_s
+            self.units += other.units
+
+
+class MeteredLLM:
+    """A :class:`StructuredLLM` view of a shared backend that counts what passes through it.
+
+    It has no ``close``: the stores that hold it (``HybridMemory.close`` closes its LLM)
+    must not close the backend the whole run shares.
+    """
+
+    def __init__(self, inner: StructuredLLM, usage: LLMUsage):
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.usage = usage
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        results = self.inner.generate(requests)
+        self.usage.count(results)
+        return results
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)

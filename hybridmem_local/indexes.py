@@ -1,0 +1,247 @@
+"""The index layer: every rebuildable cache of one store, kept in step with it in one way.
+
+For each namespace and source (``episode``, ``tuple``, ``window``) there is an hnswlib index
+(``index.py``) and a BM25 index (``lexical.py``); windows themselves (``windows.py``) are
+derived from the stored turns. All of them live beside the store in
+``<store>.indexes/<namespace>/`` and save through ``files.GenerationFiles``.
+
+How they stay in step with SQLite, whichever process wrote:
+
+* one change marker, ``MemoryStore.change_marker()`` (``PRAGMA data_version`` for other
+  processes' commits, the last event id for this process's own: every memory write and every
+  stored session logs an event), is read on every index use;
+* an index used for the first time, or again after the marker moved, is caught up: its ids are
+  compared with the ids SQLite holds (active memories, or the windows of the stored turns)
+  and only the difference is added or removed; an index whose files are missing, damaged or
+  built for another model or recipe is rebuilt;
+* vectors come from the store's embedding cache (``embed``); only texts missing from it are
+  embedded, and cached.
+
+``rebuild`` throws a namespace's index files away; ``forget`` removes them with the folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+
+from hybridmem_local.config import Config
+from hybridmem_local.embedding import Embedder
+from hybridmem_local.index import SyncReport, VectorIndex
+from hybridmem_local.lexical import LexicalIndex, memory_text
+from hybridmem_local.schema import EvidenceWindow, MemoryKind
+from hybridmem_local.store import MemoryStore, StoreError, text_hash
+from hybridmem_local.windows import WINDOW_KIND, WindowSet
+
+#: What an index holds: one of the memory stores, or the raw-turn evidence windows.
+SourceKind = Literal["episode", "tuple", "window"]
+MEMORY_KINDS: tuple[MemoryKind, ...] = ("episode", "tuple")
+
+#: Changing what ``lexical.memory_text`` returns must change this, so old BM25 indexes rebuild.
+MEMORY_RECIPE = "memory-v1: episode title+summary+details; tuple render()"
+
+Marker = tuple[int, int]
+
+
+class StoreIndexes:
+    """The vector and BM25 indexes and the evidence windows of one store, caught up on use."""
+
+    def __init__(self, store: MemoryStore, config: Config, embedder: Callable[[], Embedder]):
+        self.store = store
+        self.config = config
+        self._embedder = embedder
+        self._dense: dict[tuple[str, SourceKind], VectorIndex] = {}
+        self._lexical: dict[tuple[str, SourceKind], LexicalIndex] = {}
+        self._windows: dict[str, WindowSet] = {}
+        #: The change marker each loaded index was last caught up at.
+        self._synced_at: dict[tuple[str, str, SourceKind], Marker] = {}
+
+    # ------------------------------------------------------------------ files
+
+    def directory(self, namespace: str) -> Path:
+        if self.store.path is None:
+            raise StoreError("an in-memory store has no index directory")
+        return Path(str(self.store.path) + ".indexes") / namespace
+
+    # ------------------------------------------------------------------ embeddings
+
+    def embed(self, namespace: str, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of ``texts`` (one row each, in order): from the embedding cache, embedding and
+        caching only the texts missing from it."""
+        embedder = self._embedder()
+        if not texts:
+            return np.zeros((0, embedder.dimension), dtype=np.float32)
+        cached = self.store.get_embeddings(namespace, embedder.model_id, texts)
+        missing = sorted({t for t in texts if text_hash(t) not in cached})
+        if missing:
+            vectors = embedder.embed(missing)
+            self.store.put_embeddings(namespace, embedder.model_id, missing, vectors)
+            cached.update({text_hash(t): v for t, v in zip(missing, vectors)})
+        return np.stack([cached[text_hash(t)] for t in texts])
+
+    def uncached(self, namespace: str, texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
+        """The texts the embedding cache lacks, and their vectors, not yet stored: a writer
+        embeds before its transaction (a failure there changes nothing) and stores them in it."""
+        embedder = self._embedder()
+        cached = self.store.get_embeddings(namespace, embedder.model_id, texts)
+        missing = sorted({t for t in texts if text_hash(t) not in cached})
+        if not missing:
+            return [], np.zeros((0, embedder.dimension), dtype=np.float32)
+        return missing, embedder.embed(missing)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._embedder().embed([text])[0]
+
+    # ------------------------------------------------------------------ indexes, caught up
+
+    def dense(self, namespace: str, kind: SourceKind) -> VectorIndex:
+        """The namespace's hnswlib index of ``kind``, caught up with the store."""
+        key = (namespace, kind)
+        embedder = self._embedder()
+        if kind == WINDOW_KIND:
+            windows = self._window_set(namespace)
+            # The manifest's model id also names the window shape: vectors of other windows are rebuilt.
+            model_id = f"{embedder.model_id}|{windows.recipe}"
+            index = self._dense.get(key)
+            if index is None or index.model_id != model_id:
+                index = self._dense[key] = VectorIndex(
+                    self.directory(namespace), kind, model_id, embedder.dimension, self.config.index
+                )
+                self._synced_at.pop(("dense", *key), None)
+            self._catch_up(
+                ("dense", *key), index,
+                lambda: index.sync(windows.ids(), lambda ids: self.embed(namespace, windows.texts(ids))),
+                before=windows.refresh,
+            )
+            return index
+        index = self._dense.get(key)
+        if index is None:
+            index = self._dense[key] = VectorIndex(
+                self.directory(namespace), kind, embedder.model_id, embedder.dimension, self.config.index
+            )
+        self._catch_up(
+            ("dense", *key), index,
+            lambda: index.sync(self.store.active_ids(namespace, kind), lambda ids: self._memory_vectors(namespace, ids)),
+        )
+        return index
+
+    def lexical(self, namespace: str, kind: SourceKind) -> LexicalIndex:
+        """The namespace's BM25 index of ``kind``, caught up with the store."""
+        key = (namespace, kind)
+        if kind == WINDOW_KIND:
+            windows = self._window_set(namespace)
+            index = self._lexical.get(key)
+            if index is None or index.recipe != windows.recipe:
+                index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, windows.recipe)
+                self._synced_at.pop(("lexical", *key), None)
+            self._catch_up(
+                ("lexical", *key), index, lambda: index.sync(windows.ids(), windows.texts), before=windows.refresh
+            )
+            return index
+        index = self._lexical.get(key)
+        if index is None:
+            index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, MEMORY_RECIPE)
+        self._catch_up(
+            ("lexical", *key), index,
+            lambda: index.sync(self.store.active_ids(namespace, kind), lambda ids: self._memory_texts(ids)),
+        )
+        return index
+
+    def windows(self, namespace: str, ids: Sequence[int]) -> dict[int, EvidenceWindow]:
+        """Windows by id (those the namespace has), in the configured shape."""
+        windows = self._window_set(namespace)
+        windows.refresh()
+        return windows.get(ids)
+
+    def all_windows(self, namespace: str) -> list[EvidenceWindow]:
+        windows = self._window_set(namespace)
+        windows.refresh()
+        return list(windows.windows.values())
+
+    def _window_set(self, namespace: str) -> WindowSet:
+        size, stride = self.config.retrieval.window_size, self.config.retrieval.window_stride
+        windows = self._windows.get(namespace)
+        if windows is None or (windows.size, windows.stride) != (size, stride):
+            windows = self._windows[namespace] = WindowSet(self.store, namespace, size, stride)
+        return windows
+
+    def _catch_up(
+        self,
+        key: tuple[str, str, SourceKind],
+        index: VectorIndex | LexicalIndex,
+        sync: Callable[[], SyncReport],
+        before: Callable[[], None] | None = None,
+    ) -> None:
+        # Read before syncing: a commit landing during the sync moves the marker again, so the
+        # next use catches up once more instead of missing it.
+        marker = self.store.change_marker()
+        if self._synced_at.get(key) == marker:
+            return
+        first = key not in self._synced_at
+        if before is not None:
+            before()
+        report = sync()
+        self._synced_at[key] = marker
+        if first and (report.rebuilt or report.added or report.removed):
+            index.save()  # the next process loads it as caught up here
+
+    def _memory_vectors(self, namespace: str, ids: np.ndarray) -> np.ndarray:
+        rows = self.store.get_memories([int(i) for i in ids])
+        return self.embed(namespace, [rows[int(i)].index_text() for i in ids])
+
+    def _memory_texts(self, ids: np.ndarray) -> list[str]:
+        rows = self.store.get_memories([int(i) for i in ids])
+        return [memory_text(rows[int(i)]) for i in ids]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self) -> None:
+        """Persist every changed index (they are a cache: losing them only costs a rebuild)."""
+        for index in [*self._dense.values(), *self._lexical.values()]:
+            index.save()
+
+    def rebuild(self, namespace: str) -> dict[str, SyncReport]:
+        """Throw the namespace's index files away and build its memories' vector indexes again
+        from the store (BM25 and window indexes are built again on their next use)."""
+        self.drop(namespace)
+        reports = {}
+        embedder = self._embedder()
+        for kind in MEMORY_KINDS:
+            index = self._dense[(namespace, kind)] = VectorIndex(
+                self.directory(namespace), kind, embedder.model_id, embedder.dimension, self.config.index
+            )
+            marker = self.store.change_marker()
+            reports[kind] = index.sync(
+                self.store.active_ids(namespace, kind), lambda ids: self._memory_vectors(namespace, ids)
+            )
+            self._synced_at[("dense", namespace, kind)] = marker
+            index.save()
+        return reports
+
+    def drop(self, namespace: str) -> None:
+        """Unload the namespace's indexes and delete their files (the folder stays)."""
+        self._windows.pop(namespace, None)
+        for key in [k for k in self._synced_at if k[1] == namespace]:
+            del self._synced_at[key]
+        directory = self.directory(namespace)
+        for kind in (*MEMORY_KINDS, WINDOW_KIND):
+            dense = self._dense.pop((namespace, kind), None) or VectorIndex(directory, kind, "", 0, self.config.index)
+            lexical = self._lexical.pop((namespace, kind), None) or LexicalIndex(directory, kind)
+            dense.delete_files()
+            lexical.delete_files()
+
+    def forget(self, namespace: str) -> None:
+        """Remove every index file of the namespace, and its folder."""
+        if self.store.path is None:
+            return
+        self.drop(namespace)
+        directory = self.directory(namespace)
+        if directory.exists():
+            shutil.rmtree(directory)
+
+    def sizes(self) -> dict[str, int]:
+        """``namespace/kind`` → memories (or windows) in each loaded vector index."""
+        return {f"{ns}/{kind}": len(index) for (ns, kind), index in self._dense.items()}

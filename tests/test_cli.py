@@ -1,0 +1,140 @@
+"""The CLI is the API with flags: the record verbs (add, get, list, update, delete, history),
+``--json`` beside tables, ``--set`` config overrides and ``-`` for standard input, run with
+typer's runner on a real store (SQLite, hnswlib, the shared MiniLM)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from hybridmem_local.cli import app
+from hybridmem_local.cli_common import parse_overrides
+from hybridmem_local.memory import HybridMemory
+from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
+
+SESSION = Session(
+    session_id="s1", namespace="alice", started_at="2023-05-08T13:56:00+00:00",
+    turns=[
+        Turn(turn_id="s1:0", speaker="Alice", text="I adopted a beagle puppy called Biscuit."),
+        Turn(turn_id="s1:1", speaker="Bob", text="I ran the Riverside 10K in 52 minutes."),
+        Turn(turn_id="s1:2", speaker="Alice", text="We moved to an apartment on Oak Avenue."),
+    ],
+)
+
+
+def another_session(session_id: str, namespace: str = "alice") -> Session:
+    """SESSION again under another id, with turn ids of its own (turn ids are unique per namespace)."""
+    turns = [t.model_copy(update={"turn_id": t.turn_id.replace("s1", session_id)}) for t in SESSION.turns]
+    return SESSION.model_copy(update={"session_id": session_id, "namespace": namespace, "turns": turns})
+
+
+def run(*args: str, input: str | None = None, ok: bool = True):
+    result = CliRunner().invoke(app, list(args), input=input)
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result
+
+
+def as_json(*args: str, input: str | None = None):
+    return json.loads(run(*args, "--json", input=input).stdout)
+
+
+@pytest.fixture
+def db(tmp_path, minilm):
+    """A store with one session of alice's, two episodes and a tuple citing its turns."""
+    path = tmp_path / "memory.db"
+    with HybridMemory.open(path, embedder=minilm) as memory:
+        memory.add_memories(
+            "alice",
+            episodes=[EpisodeDraft(title="Biscuit", summary="A puppy", details="Alice adopted a beagle puppy called Biscuit.",
+                                   timestamp="2023-05-08", source_turn_ids=["s1:0"]),
+                      EpisodeDraft(title="Moving house", summary="A new home", details="Alice moved to Oak Avenue.",
+                                   timestamp="2023-05-08", source_turn_ids=["s1:2"])],
+            tuples=[TupleDraft(entity="Bob", relation="ran", object="the Riverside 10K in 52 minutes",
+                               timestamp="2023-05-07", source_turn_ids=["s1:1"])],
+            session=SESSION,
+        )
+    return str(path)
+
+
+def test_list_and_get_print_tables_or_json(db):
+    listed = as_json("list", "-n", "alice", "--db", db)
+    assert [(m["kind"], m["status"]) for m in listed] == [("episode", "active"), ("episode", "active"), ("tuple", "active")]
+    assert as_json("list", "-n", "alice", "--kind", "tuple", "--db", db) == [listed[2]]
+    assert as_json("list", "-n", "alice", "--limit", "1", "--offset", "1", "--db", db) == [listed[1]]
+    episode = as_json("get", str(listed[0]["id"]), "--db", db)
+    assert episode == listed[0] and episode["source_turn_ids"] == ["s1:0"]
+    table = run("list", "-n", "alice", "--db", db).stdout
+    assert "Biscuit" in table and "s1:1" in table and "{" not in table
+
+
+def test_update_supersedes_and_history_shows_it(db):
+    [_, _, fact] = as_json("list", "-n", "alice", "--db", db)
+    new = as_json("update", str(fact["id"]), "--object", "the Riverside 10K in 51 minutes", "--reason", "typo", "--db", db)
+    assert new["object"] == "the Riverside 10K in 51 minutes" and new["id"] != fact["id"] and new["status"] == "active"
+    old = as_json("get", str(fact["id"]), "--db", db)
+    assert old["status"] == "superseded" and old["superseded_by"] == new["id"]
+    assert as_json("history", str(fact["id"]), "--db", db)[-1]["reason"] == "typo"
+    [update] = as_json("history", str(new["id"]), "--db", db)
+    assert update["action"] == "update" and update["before"]["object"] == fact["object"]
+    found = as_json("search", "How fast was Bob's 10K?", "-n", "alice", "--kind", "tuple", "--db", db)
+    assert [hit["memory"]["id"] for hit in found["tuples"]] == [new["id"]]
+
+
+def test_delete_keeps_the_memory_in_history_and_out_of_the_active_list(db):
+    [episode, *others] = as_json("list", "-n", "alice", "--db", db)
+    deleted = as_json("delete", str(episode["id"]), "--reason", "wrong", "--db", db)
+    assert deleted["status"] == "deleted"
+    assert as_json("list", "-n", "alice", "--db", db) == others
+    assert [m["id"] for m in as_json("list", "-n", "alice", "--status", "deleted", "--db", db)] == [episode["id"]]
+    assert len(as_json("list", "-n", "alice", "--status", "any", "--db", db)) == 3
+    assert as_json("history", str(episode["id"]), "--db", db)[-1]["reason"] == "wrong"
+
+
+def test_set_overrides_the_config_of_any_command(db):
+    assert len(as_json("search", "Biscuit the puppy", "-n", "alice", "--db", db)["episodes"]) == 2
+    one = as_json("search", "Biscuit the puppy", "-n", "alice", "--set", "retrieval.k=1", "--db", db)
+    assert len(one["episodes"]) == 1 and one["episodes"][0]["memory"]["title"] == "Biscuit"
+    bad = run("list", "-n", "alice", "--set", "retrieval.k=0", "--db", db, ok=False)
+    assert bad.exit_code == 1 and "retrieval.k" in bad.output
+
+
+def test_config_and_files_are_read_from_stdin(db, tmp_path):
+    assert len(as_json("search", "Biscuit", "-n", "alice", "--config", "-", "--db", db, input="retrieval:\n  k: 1\n")["episodes"]) == 1
+    exported = tmp_path / "alice.jsonl"
+    run("export", str(exported), "-n", "alice", "--db", db)
+    assert as_json("import", "-", "-n", "copy", "--db", db, input=exported.read_text()) == {"sessions": 1, "memories": 3}
+    assert len(as_json("list", "-n", "copy", "--db", db)) == 3
+    jsonl = another_session("s2", "bob").model_dump_json() + "\n"
+    report = as_json("ingest", "-", "--no-curate", "--db", db, input=jsonl)
+    assert (report["stored"], report["skipped"]) == (1, 0)
+    assert as_json("stats", "-n", "bob", "--db", db)["counts"]["sessions"] == 1
+
+
+def test_add_queues_a_session_and_reports_what_it_stored(db):
+    jsonl = another_session("s3").model_dump_json() + "\n"
+    [result] = as_json("add", "-", "--set", "curation.mode=queue", "--db", db, input=jsonl)
+    assert result["session"]["session"]["session_id"] == "s3" and result["session"]["curation_status"] == "pending"
+    assert result["memories"] == [] and result["report"]["stored"] == 1
+    [again] = as_json("add", "-", "--set", "curation.mode=queue", "--db", db, input=jsonl)
+    assert again["report"]["skipped"] == 1
+
+
+def test_user_mistakes_are_one_line_errors(tmp_path):
+    db = str(tmp_path / "m.db")
+    missing = run("get", "404", "--db", db, ok=False)
+    assert missing.exit_code == 1 and "404" in missing.output
+    empty = run("update", "1", "--db", db, ok=False)
+    assert empty.exit_code == 1 and "nothing to update" in empty.output
+    assert run("search", "x", "--since", "May 1st", "--db", db, ok=False).exit_code == 2
+    assert run("ingest", "-", "--no-curate", "--db", db, input="{oops\n", ok=False).exit_code == 1
+
+
+def test_overrides_are_read_as_yaml_values():
+    assert parse_overrides(["retrieval.k=5", "llm.backend=transformers", "curation.annotate_relative_dates=false"]) == {
+        "retrieval.k": 5, "llm.backend": "transformers", "curation.annotate_relative_dates": False,
+    }
+    with pytest.raises(Exception, match="KEY=VALUE"):
+        parse_overrides(["retrieval.k"])
