@@ -180,7 +180,7 @@ def curate(
         return
     console.print(
         f"curated {report.curated} sessions ({report.failed} failed) into {report.memories} memories "
-        f"with {report.llm_calls} LLM calls in {time.perf_counter() - started:.1f}s" + curation_notes(report)
+        f"with {report.usage.requests} LLM calls in {time.perf_counter() - started:.1f}s" + curation_notes(report)
     )
 
 
@@ -453,7 +453,7 @@ def demo(
             report = memory.ingest(sessions, on_progress=progress())
             console.print(
                 f"curated {report.curated} sessions into {report.memories} memories "
-                f"({report.llm_calls} LLM calls, {report.prompt_tokens} prompt / {report.completion_tokens} completion tokens; "
+                f"({report.usage.requests} LLM calls, {report.usage.prompt_tokens} prompt / {report.usage.completion_tokens} completion tokens; "
                 f"{report.skipped} sessions already stored)" + curation_notes(report)
             )
             for q in question:

@@ -142,13 +142,10 @@ class CurationOutcome(BaseModel):
     result: CurationResult | None
     error: str | None = None
     prompt_version: str
-    #: Requests sent for this session (windows, plus re-sent halves); the backend's own
-    #: validation retries are inside these and show only in the token counts.
-    llm_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    #: Model time spent on this session's requests (the sum of their latencies).
-    seconds: float = 0.0
+    #: Requests sent for this session (windows, plus re-sent halves; the backend's own
+    #: validation retries are inside these and show only in the token counts), tokens, and
+    #: model time (the sum of their latencies; cache hits count 0).
+    usage: LLMUsage = Field(default_factory=LLMUsage)
     #: Windows of the first attempt.
     windows: int = 0
     #: Cited ids that name no turn the model was shown, dropped from the memories.
@@ -502,10 +499,7 @@ class Curator:
             result=result,
             error="; ".join(tally.errors) or None,
             prompt_version=self.prompt.version,
-            llm_calls=tally.usage.requests,
-            prompt_tokens=tally.usage.prompt_tokens,
-            completion_tokens=tally.usage.completion_tokens,
-            seconds=round(tally.usage.llm_s, 3),
+            usage=tally.usage,
             windows=tally.windows,
             dropped_turn_ids=dropped,
             aligned_memories=sum(p.aligned for p in parts),

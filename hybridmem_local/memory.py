@@ -21,7 +21,7 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hybridmem_local.config import Config, load_config
 from hybridmem_local.dedup import fold_repeats, plan_duplicates
@@ -51,6 +51,7 @@ from hybridmem_local.store import (
     SessionRecord,
     text_hash,
 )
+from hybridmem_local.usage import LLMUsage
 
 if TYPE_CHECKING:
     from hybridmem_local.answering import Answer
@@ -87,10 +88,8 @@ class IngestReport(BaseModel):
     memories_aligned: int = 0
     #: Curated memories that repeated an active one (dedup.py): not stored, their turns went to it.
     duplicates_skipped: int = 0
-    llm_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    llm_seconds: float = 0.0
+    #: Curation's LLM requests, tokens and model time.
+    usage: LLMUsage = Field(default_factory=LLMUsage)
     #: Consolidation runs triggered by ``consolidation.every_n_sessions``.
     consolidation_runs: list[int] = []
 
@@ -255,10 +254,7 @@ class HybridMemory:
         for start in range(0, len(sessions), batch):
             chunk = sessions[start : start + batch]
             for session, outcome in zip(chunk, curator.curate(chunk)):
-                report.llm_calls += outcome.llm_calls
-                report.prompt_tokens += outcome.prompt_tokens
-                report.completion_tokens += outcome.completion_tokens
-                report.llm_seconds += outcome.seconds
+                report.usage.add(outcome.usage)
                 report.memories_left_out += len(outcome.dropped_memories)
                 report.memories_aligned += outcome.aligned_memories
                 try:

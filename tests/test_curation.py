@@ -183,11 +183,11 @@ def test_all_windows_of_all_sessions_go_in_one_generate_call():
     assert [o.session_id for o in outcomes] == ["a", "b", "c"]
     for session, outcome in zip(sessions, outcomes):
         assert outcome.ok and isinstance(outcome.result, CurationResult)
-        assert outcome.llm_calls == outcome.windows == len(curator.windows(session))
+        assert outcome.usage.requests == outcome.windows == len(curator.windows(session))
         # One episode per window, concatenated in turn order.
         assert [e.title for e in outcome.result.episodes] == [f"Talk {w.turn_ids[0]}" for w in curator.windows(session)]
-        assert outcome.prompt_tokens > 0 and outcome.completion_tokens > 0
-        assert outcome.seconds == pytest.approx(0.5 * outcome.llm_calls)
+        assert outcome.usage.prompt_tokens > 0 and outcome.usage.completion_tokens > 0
+        assert outcome.usage.llm_s == pytest.approx(0.5 * outcome.usage.requests)
 
 
 # --------------------------------------------------------------------------- checking replies
@@ -354,10 +354,10 @@ def test_failed_windows_are_resent_split_in_half_in_one_batch_per_round():
     assert [len(batch) for batch in llm.batches] == [1, 2, 4]
     assert [shown_turn_ids(r) for r in llm.batches[2]] == [["s1:0", "s1:1"], ["s1:2", "s1:3"], ["s1:4", "s1:5"], ["s1:6", "s1:7"]]
     assert outcome.ok
-    assert outcome.windows == 1 and outcome.llm_calls == 7
+    assert outcome.windows == 1 and outcome.usage.requests == 7
     assert [e.source_turn_ids for e in outcome.result.episodes] == [["s1:0", "s1:1"], ["s1:2", "s1:3"], ["s1:4", "s1:5"], ["s1:6", "s1:7"]]
     # The failed attempts' tokens and time are part of the cost.
-    assert outcome.completion_tokens > 3 * 300 and outcome.seconds == pytest.approx(3 * 2.0 + 4 * 0.5)
+    assert outcome.usage.completion_tokens > 3 * 300 and outcome.usage.llm_s == pytest.approx(3 * 2.0 + 4 * 0.5)
 
 
 def test_a_session_still_failing_after_the_retry_rounds_gets_an_error_and_others_are_unaffected():
@@ -369,13 +369,13 @@ def test_a_session_still_failing_after_the_retry_rounds_gets_an_error_and_others
     assert bad.result is None
     assert "turns bad:0..bad:3" in bad.error and "turns bad:4..bad:7" in bad.error
     assert "cut off at max_new_tokens" in bad.error
-    assert bad.llm_calls == 3 and bad.prompt_version == "curation/v1"
+    assert bad.usage.requests == 3 and bad.prompt_version == "curation/v1"
 
 
 def test_no_retry_round_when_retry_rounds_is_zero():
     llm = ScriptedLLM(fails_above(0, reply_citing(lambda shown: shown)))
     [outcome] = curator_for(llm, retry_rounds=0).curate([make_session("s1", ["a", "b"])])
-    assert len(llm.batches) == 1 and outcome.error and outcome.llm_calls == 1
+    assert len(llm.batches) == 1 and outcome.error and outcome.usage.requests == 1
 
 
 def test_an_unreachable_backend_fails_the_sessions_without_raising():
@@ -518,8 +518,8 @@ def test_smollm2_curates_a_locomo_session_into_memories_citing_its_turns(smollm2
     [outcome] = Curator(llm, SMOLLM_CONFIG, CurationConfig()).curate([locomo_session])
     print(
         f"\nSmolLM2 curation of {locomo_session.session_id} ({len(locomo_session.turns)} turns): "
-        f"{outcome.seconds:.1f} s, {outcome.windows} window(s), {outcome.llm_calls} call(s), "
-        f"{outcome.prompt_tokens} prompt / {outcome.completion_tokens} completion tokens, "
+        f"{outcome.usage.llm_s:.1f} s, {outcome.windows} window(s), {outcome.usage.requests} call(s), "
+        f"{outcome.usage.prompt_tokens} prompt / {outcome.usage.completion_tokens} completion tokens, "
         f"{len(outcome.result.episodes) if outcome.result else 0} episodes, "
         f"{len(outcome.result.tuples) if outcome.result else 0} tuples, dropped ids {outcome.dropped_turn_ids}, "
         f"error {outcome.error}"
@@ -531,8 +531,8 @@ def test_smollm2_curates_a_locomo_session_into_memories_citing_its_turns(smollm2
     for memory in [*result.episodes, *result.tuples]:
         assert set(memory.source_turn_ids) <= session_ids
         assert normalise_timestamp(memory.timestamp, locomo_session.started_at.date()) == memory.timestamp
-    assert outcome.prompt_tokens > 0 and outcome.completion_tokens > 0 and outcome.seconds > 0
-    assert outcome.llm_calls >= outcome.windows >= 1
+    assert outcome.usage.prompt_tokens > 0 and outcome.usage.completion_tokens > 0 and outcome.usage.llm_s > 0
+    assert outcome.usage.requests >= outcome.windows >= 1
     assert outcome.prompt_version == "curation/v1"
 
 
@@ -547,7 +547,7 @@ def test_smollm2_windows_of_a_small_context_partition_the_session_in_one_call(sm
     assert [t for w in windows for t in w.turn_ids] == [t.turn_id for t in locomo_session.turns]
     [outcome] = curator.curate([locomo_session])
     assert llm.batches == [len(windows)]
-    assert outcome.llm_calls == outcome.windows == len(windows)
+    assert outcome.usage.requests == outcome.windows == len(windows)
     # Every window's prompt left room for the reply in the real model's context.
     for request in llm.requests:
         text = "\n".join(m.content for m in request.messages)

@@ -247,7 +247,7 @@ def test_add_session_returns_what_it_stored_and_curated(tmp_path, minilm):
         assert {m.kind for m in result.memories} == {"episode", "tuple"}
         assert {m.id for m in result.memories} == {m.id for m in mem.list("alice")}
         assert all(m.source_session_id == "s1" for m in result.memories)
-        assert result.report.curated == 1 and result.report.memories == 2 and result.report.llm_calls >= 1
+        assert result.report.curated == 1 and result.report.memories == 2 and result.report.usage.requests >= 1
         again = mem.add_session(session)
         assert again.report.skipped == 1 and again.memories == [] and len(llm.batches) == 1
         mem.config.curation.mode = "queue"

@@ -199,7 +199,7 @@ class CurationWorker:
         log.info(
             "curation worker: batch of %d session(s) from %d namespace(s): %d curated, %d failed, %d memories, "
             "%d LLM requests in %.1fs of model time", len(sessions), len({s.namespace for s in sessions}),
-            report.curated, report.failed, report.memories, report.llm_calls, report.llm_seconds,
+            report.curated, report.failed, report.memories, report.usage.requests, report.usage.llm_s,
         )
         return True
 

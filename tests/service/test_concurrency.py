@@ -77,6 +77,9 @@ def test_clients_adding_and_searching_at_once_lose_nothing_and_match_a_fresh_ope
     config = load_config(None, llm.overrides(**{
         "llm.max_retries": 0, "curation.retry_rounds": 0, "curation.batch_sessions": 4,
         "consolidation.every_n_sessions": 0, "service.worker_poll_s": 0.1,
+        # Not a rate-limit test (test_http_routes.py has those): six clients searching as fast
+        # as incremental BM25 allows pass the default 20 requests/s.
+        "service.rate_limit_per_s": 10_000, "service.rate_limit_burst": 10_000,
     }))
     writes: dict = {"sessions": [], "memories": [], "searches": 0}
     errors: list[str] = []

@@ -77,12 +77,13 @@ def test_curates_a_real_locomo_session_and_answers_and_judges(server_config, min
     from hybridmem_local.memory import HybridMemory
 
     with HybridMemory.open(tmp_path / "m.db", server_config, minilm_cpu) as memory:
-        record = memory.add_session(locomo_session)
-        assert record.curation_status == "curated", record.curation_error
+        added = memory.add_session(locomo_session)
+        assert added.session.curation_status == "curated", added.session.curation_error
         turn_ids = {turn.turn_id for turn in locomo_session.turns}
         stored = memory.list(locomo_session.namespace, kind=None)
         assert stored
-        assert all(set(m.source_turn_ids) <= turn_ids and m.source_session_id == locomo_session.session_id for m in stored)
+        assert all(m.source_turn_ids and set(m.source_turn_ids) <= turn_ids and m.source_session_id == locomo_session.session_id
+                   for m in stored)
         answer = memory.answer("What did Caroline go to?", namespace=locomo_session.namespace)
         assert answer.error is None and answer.answer.strip()
         assert {m.id for m in answer.cited} <= {m.id for m in stored}
