@@ -66,6 +66,7 @@ def pytest_collection_modifyitems(config, items):
     reason = _unavailable()
     for item in mine:
         item.add_marker(pytest.mark.vllm)
+        item.add_marker(pytest.mark.slow)  # every one loads a real model (the fast loop skips them)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
 
