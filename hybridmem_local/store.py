@@ -537,8 +537,10 @@ class MemoryStore:
         source_session_id: str | None = None,
         run_id: int | None = None,
         action: str = "add",
+        before: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Insert new active memories and their ``action`` events; returns the new ids."""
+        """Insert new active memories and their ``action`` events (with ``before``, the row a
+        memory replaces, when there is one); returns the new ids."""
         ids: list[int] = []
         now = utcnow().isoformat()
         with self.transaction() as c:
@@ -554,7 +556,7 @@ class MemoryStore:
                     {**data, "namespace": namespace, "source_session_id": session_id, "created_at": now},
                 ).lastrowid
                 ids.append(memory_id)
-                self._event(namespace, action, memory_id, run_id, None, self._memory_json(memory_id), None)
+                self._event(namespace, action, memory_id, run_id, before, self._memory_json(memory_id), None)
         return ids
 
     def set_status(
@@ -623,13 +625,7 @@ class MemoryStore:
         ``before``. Returns the new id."""
         with self.transaction():
             before = self._memory_json(source_ids[0]) if len(source_ids) == 1 else None
-            (new_id,) = self.insert_memories(namespace, [memory], run_id=run_id, action=action)
-            if before is not None:
-                # The insert logged the new row's event; it also gets the row it replaces as ``before``.
-                self.conn.execute(
-                    "UPDATE events SET before = ? WHERE id = (SELECT max(id) FROM events WHERE memory_id = ?)",
-                    (json.dumps(before), new_id),
-                )
+            (new_id,) = self.insert_memories(namespace, [memory], run_id=run_id, action=action, before=before)
             for source_id in source_ids:
                 self.set_status(source_id, MemoryStatus.superseded, reason=reason, superseded_by=new_id, run_id=run_id)
         return new_id
