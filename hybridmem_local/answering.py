@@ -6,26 +6,43 @@
 
 Exactly one LLM request per question (fixed top-k retrieval needs no query-time LLM step);
 :func:`answer_many` sends the requests of many questions as one batched call (the facade's
-``HybridMemory.answer_many``, the evaluation runner). The memories are shown with short ids (``E1``, ``T3``; ``retrieval.format_context``); the model
-cites them, and citations of ids that were not shown are dropped and counted, never trusted.
+``HybridMemory.answer_many``, the evaluation runner). The memories are shown with short ids (``E1``, ``T3``; ``retrieval.format_context``). Two modes
+(``answering.mode``):
+
+* ``json``: constrained JSON ``{answer, cited_memory_ids}``; the model cites the ids, and ids
+  that were not shown are dropped and counted, never trusted;
+* ``text``: a short plain-text answer (small models answer better without a schema); the cited
+  memories are derived by aligning question + answer to the memories shown, with the scoring
+  that aligns curated memories to their turns (``provenance.py``; :class:`TextCiter`).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime
-from typing import Sequence
+from typing import Literal, Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from hybridmem_local.config import AnsweringConfig
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import load_prompt
+from hybridmem_local.provenance import AlignmentSettings, Embed, alignment_scores, select
 from hybridmem_local.retrieval import RenderedContext, format_context
 from hybridmem_local.schema import Episode, RelationalTuple, SearchResult, clean_cited_id
 
 #: Room for a few-word answer and its citations; a thinking model gets the backend default
 #: (``LLMConfig.max_new_tokens``) because its reasoning comes first.
 ANSWER_MAX_NEW_TOKENS = 256
+#: A text answer is a few words; the cap stops a small model that goes on into a paragraph.
+ANSWER_TEXT_MAX_NEW_TOKENS = 48
+
+AnswerMode = Literal["json", "text"]
+_PROMPTS: dict[str, str] = {"json": "answer", "text": "answer_text"}
+_ABSTAINS = re.compile(r"^\W*i (don'?t|do not) know\b", re.IGNORECASE)
+_ANSWER_LABEL = re.compile(r"^\W*answer\s*:\s*", re.IGNORECASE)
 
 
 class AnswerDraft(BaseModel):
@@ -51,7 +68,9 @@ class Answer(BaseModel):
     answer: str
     #: The cited memories, each with its ``source_turn_ids`` (the provenance of the answer).
     cited: list[Episode | RelationalTuple] = Field(default_factory=list)
-    #: The short ids the model cited, as it wrote them.
+    #: How the answer was asked for (``answering.mode``).
+    mode: AnswerMode = "json"
+    #: The short ids cited: as the model wrote them (json mode), or derived by alignment (text mode).
     citations: list[str] = Field(default_factory=list)
     #: The memory ids behind the valid citations, in citation order, without repeats.
     cited_memory_ids: list[int] = Field(default_factory=list)
@@ -80,22 +99,71 @@ def _question_date_line(question_date: datetime | None) -> str:
     return f"Question date: {question_date:%Y-%m-%d (%A)}"
 
 
+class TextCiter:
+    """The memories a plain-text answer rests on: those shown that question + answer align to.
+
+    Scored as curation aligns a memory to its turns (``provenance.alignment_scores``: stem
+    overlap and cosine), and chosen as there (``provenance.select``): the best memory, then more
+    while they reach ``settings.min_score``, ``settings.max_turns`` in all. The question is part
+    of the aligned text because the answer alone is often a date or a name the memory words
+    differently ("7 May 2023" for "(2023-05-07) ... support group"), while the question names the
+    event. An "I don't know" cites nothing.
+    """
+
+    def __init__(self, embed: Embed, settings: AlignmentSettings):
+        self.embed = embed
+        self.settings = settings
+
+    @classmethod
+    def from_config(cls, config: AnsweringConfig, embed: Embed) -> TextCiter:
+        return cls(
+            embed,
+            AlignmentSettings(
+                max_turns=config.cite_max_memories, min_score=config.cite_min_score, lexical_weight=config.cite_lexical_weight
+            ),
+        )
+
+    def cite(self, questions: Sequence[str], answers: Sequence[str], contexts: Sequence[RenderedContext]) -> list[list[str]]:
+        """Short ids cited by each answer, in context order (one embedding call for the batch)."""
+        queries = [f"{q.strip()}\n{a}" if a and not _ABSTAINS.match(a) else None for q, a in zip(questions, answers)]
+        texts = list(dict.fromkeys(
+            t for query, context in zip(queries, contexts) if query is not None and context.memory_texts
+            for t in [query, *context.memory_texts.values()]
+        ))
+        if not texts:
+            return [[] for _ in questions]
+        vectors = dict(zip(texts, self.embed(texts)))
+        cited: list[list[str]] = []
+        for query, context in zip(queries, contexts):
+            if query is None or not context.memory_texts:
+                cited.append([])
+                continue
+            shorts, shown = list(context.memory_texts), list(context.memory_texts.values())
+            scores = alignment_scores(
+                [query], vectors[query][None, :], shown, np.stack([vectors[t] for t in shown]), self.settings.lexical_weight
+            )[0]
+            cited.append([shorts[i] for i in select(scores, self.settings)])
+        return cited
+
+
 def build_answer_request(
     question: str,
     context: RenderedContext,
     question_date: datetime | None,
     enable_thinking: bool,
+    mode: AnswerMode = "json",
 ) -> LLMRequest:
-    """The one request that answers ``question`` from ``context``."""
+    """The one request that answers ``question`` from ``context``: constrained JSON or plain text."""
     if not question.strip():
         raise ValueError("question is empty")
-    prompt = load_prompt("answer")
+    prompt = load_prompt(_PROMPTS[mode])
+    cap = ANSWER_MAX_NEW_TOKENS if mode == "json" else ANSWER_TEXT_MAX_NEW_TOKENS
     return LLMRequest(
         messages=prompt.messages(
             memories=context.text, question=question.strip(), question_date_line=_question_date_line(question_date)
         ),
-        output_schema=AnswerDraft,
-        max_new_tokens=None if enable_thinking else ANSWER_MAX_NEW_TOKENS,
+        output_schema=AnswerDraft if mode == "json" else None,
+        max_new_tokens=None if enable_thinking else cap,
         enable_thinking=enable_thinking,
         prompt_version=prompt.version,
     )
@@ -108,21 +176,28 @@ def answer_from_context(
     question_date: datetime | None = None,
     enable_thinking: bool = False,
     context_budget: int | None = None,
+    mode: AnswerMode = "json",
+    citer: TextCiter | None = None,
 ) -> Answer:
     """Answer ``question`` from the memories of ``search_result`` with one LLM call.
 
     ``context_budget`` (tokens of this LLM's tokenizer) switches from the fixed k / 2k
-    selection to filling the context in fused rank order. A backend that cannot be reached
-    gives an :class:`Answer` with ``error`` set rather than an exception.
+    selection to filling the context in fused rank order. ``mode`` "text" asks for plain text
+    and needs ``citer``. A backend that cannot be reached gives an :class:`Answer` with
+    ``error`` set rather than an exception.
     """
     start = time.perf_counter()
     try:
         [answer] = answer_many(
-            llm, [question], [search_result], [question_date], enable_thinking=enable_thinking, context_budget=context_budget
+            llm, [question], [search_result], [question_date],
+            enable_thinking=enable_thinking, context_budget=context_budget, mode=mode, citer=citer,
         )
     except LLMError as exc:
         context = _render(search_result, llm, context_budget)
-        answer = _answer(question, context, search_result, LLMResult(error=f"LLM backend failed: {exc}"), _prompt_version())
+        answer = _answer(
+            question, context, search_result, LLMResult(error=f"LLM backend failed: {exc}"), load_prompt(_PROMPTS[mode]).version,
+            mode, [],
+        )
     return answer.model_copy(update={"latency_s": time.perf_counter() - start})
 
 
@@ -135,6 +210,8 @@ def answer_many(
     enable_thinking: bool = False,
     context_budget: int | None = None,
     tag: str | None = None,
+    mode: AnswerMode = "json",
+    citer: TextCiter | None = None,
 ) -> list[Answer]:
     """Answer each question from its context, all in one batched LLM call (one request each).
 
@@ -144,21 +221,31 @@ def answer_many(
     Requests are filed under ``tag`` for the call cache (default: the search result's
     namespace). An :class:`~hybridmem_local.llm.base.LLMError` of the backend as a whole
     propagates: nothing was answered, and a caller that keeps answers must not keep these.
+    In ``mode`` "text", ``citer`` derives each answer's citations from the rendered memories.
     """
+    if mode == "text" and citer is None:
+        raise ValueError("text answers need a TextCiter to derive their cited memories")
     dates = list(question_dates) if question_dates is not None else [None] * len(questions)
     if not len(questions) == len(contexts) == len(dates):
         raise ValueError(f"{len(questions)} questions, {len(contexts)} contexts and {len(dates)} question dates")
     rendered = [c if isinstance(c, RenderedContext) else _render(c, llm, context_budget) for c in contexts]
     requests = [
-        build_answer_request(question, context, date, enable_thinking).model_copy(
+        build_answer_request(question, context, date, enable_thinking, mode).model_copy(
             update={"tag": tag if tag is not None else getattr(source, "namespace", None)}
         )
         for question, context, date, source in zip(questions, rendered, dates, contexts)
     ]
     results = llm.generate(requests) if requests else []
+    if mode == "text":
+        texts = [_text_answer(r.text) if r.ok else "" for r in results]
+        derived = citer.cite(questions, texts, rendered)
+    else:
+        derived = [[] for _ in results]
     return [
-        _answer(question, context, source if isinstance(source, SearchResult) else None, result, request.prompt_version)
-        for question, context, source, result, request in zip(questions, rendered, contexts, results, requests, strict=True)
+        _answer(question, context, source if isinstance(source, SearchResult) else None, result, request.prompt_version, mode, cites)
+        for question, context, source, result, request, cites in zip(
+            questions, rendered, contexts, results, requests, derived, strict=True
+        )
     ]
 
 
@@ -166,20 +253,31 @@ def _render(search_result: SearchResult, llm: StructuredLLM, context_budget: int
     return format_context(search_result, budget=context_budget, count_tokens=llm.count_tokens if context_budget else None)
 
 
-def _prompt_version() -> str:
-    return load_prompt("answer").version
+def _text_answer(text: str) -> str:
+    """The answer of a plain-text reply: its first non-empty line, without the "Answer:" label
+    small models put before it (a word the gold answer lacks, which token F1 would count)."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return _ANSWER_LABEL.sub("", line).strip()
 
 
 def _answer(
-    question: str, context: RenderedContext, search_result: SearchResult | None, result: LLMResult, prompt_version: str
+    question: str, context: RenderedContext, search_result: SearchResult | None, result: LLMResult, prompt_version: str,
+    mode: AnswerMode, derived: list[str],
 ) -> Answer:
-    draft = result.parsed if result.ok and isinstance(result.parsed, AnswerDraft) else None
-    citations = draft.cited_memory_ids if draft else []
+    if mode == "json":
+        draft = result.parsed if result.ok and isinstance(result.parsed, AnswerDraft) else None
+        text, citations = (draft.answer.strip(), draft.cited_memory_ids) if draft else ("", [])
+        problem = None if draft else (result.error or "reply is not an AnswerDraft")
+    else:
+        text = _text_answer(result.text) if result.ok else ""
+        citations = derived
+        problem = None if text else (result.error or "the reply holds no answer")
     cited_ids, invalid = _resolve_citations(citations, context)
     memories = {m.id: m for m in search_result.memories()} if search_result is not None else {}
     return Answer(
         question=question,
-        answer=draft.answer.strip() if draft else "",
+        answer=text,
+        mode=mode,
         cited=[memories[i] for i in cited_ids if i in memories],
         citations=citations,
         cited_memory_ids=cited_ids,
@@ -189,7 +287,7 @@ def _answer(
         latency_s=result.latency_s,
         context_text=context.text,
         prompt_version=prompt_version,
-        error=None if draft else (result.error or "reply is not an AnswerDraft"),
+        error=problem,
     )
 
 

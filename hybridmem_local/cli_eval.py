@@ -29,7 +29,10 @@ DATA = typer.Option(..., "--data", help="Benchmark file (official JSON format)."
 OUT = typer.Option(..., "--out", help="Results folder (created; a rerun resumes it).")
 SYSTEMS_OPTION = typer.Option(ALL_SYSTEMS, "--systems", help=f"Comma-separated, from: {ALL_SYSTEMS}.")
 LIMIT = typer.Option(None, "--limit", min=1, help="Questions per conversation (LongMemEval: instances).")
-MAX_SESSIONS = typer.Option(None, "--max-sessions", min=1, help="Ingest only the first N sessions of each conversation.")
+MAX_SESSIONS = typer.Option(
+    None, "--max-sessions", min=1,
+    help="Ingest only the first N sessions of each conversation (questions about later sessions are left out).",
+)
 RETRIEVAL_ONLY = typer.Option(False, "--retrieval-only", help="Retrieval metrics only: no curation, answers or judge.")
 RETRY_FAILED = typer.Option(False, "--retry-failed", help="Curate again sessions whose curation failed in an earlier run.")
 K = typer.Option(None, "--k", help="Retrieval budgets to sweep for the memory systems, e.g. 2,5,10,20.")

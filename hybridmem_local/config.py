@@ -61,9 +61,10 @@ class RetrievalConfig(_Section):
     #: RRF's constant (Cormack et al. 2009).
     rrf_k: int = Field(default=60, ge=1)
     weights: FusionWeights = Field(default_factory=FusionWeights)
-    #: The stores searched; "windows" adds raw-turn evidence windows (the rag baseline's memory).
+    #: The stores searched: curated memories and raw-turn evidence windows, fused in one
+    #: ranking by default (see context_budget). configs/paper.yaml is the paper's selection.
     sources: list[Literal["episodes", "tuples", "windows"]] = Field(
-        default_factory=lambda: ["episodes", "tuples"], min_length=1
+        default_factory=lambda: ["episodes", "tuples", "windows"], min_length=1
     )
     #: Evidence windows: turns per window and turns between window starts (within one session).
     window_size: int = Field(default=3, ge=1)
@@ -71,8 +72,14 @@ class RetrievalConfig(_Section):
     #: How deep each ranking goes before fusion, and the candidate pool of budget mode.
     candidate_depth: int = Field(default=100, ge=1)
     #: Tokens of the answer model's tokenizer to fill with context, in fused rank order across
-    #: sources; None keeps the paper's fixed k / 2k selection.
-    context_budget: int | None = Field(default=None, ge=1)
+    #: sources (plain RRF, a turn paid once); None keeps the paper's fixed k / 2k selection.
+    #: Default from scripts/bench_retrieval_budget.py --selections (8 LoCoMo dev conversations,
+    #: 1,189 questions, observation facts standing in for curated memories; share of questions
+    #: with all evidence turns shown at 512/1024/2048/4096 tokens): memories only
+    #: .56/.62/.65/.69, windows only .62/.71/.79/.85, fused .69/.75/.83/.88; the paper's
+    #: selection .53 (367 tokens). Window weights 0.8/1.25 were no better than plain RRF.
+    #: 2048 leaves SmolLM2's 4096-token window room for the prompt and the reply.
+    context_budget: int | None = Field(default=2048, ge=1)
 
     @model_validator(mode="after")
     def _check_windows(self) -> RetrievalConfig:
@@ -146,7 +153,7 @@ class CurationConfig(_Section):
     retry_rounds: int = Field(default=1, ge=0)
     #: Most episodes / tuples one window's reply may hold (a JSON-schema maxItems): constrained
     #: small models otherwise repeat list items until max_new_tokens. Raise them for models with
-    #: large windows (vLLM); on llama.cpp/transformers Outlines' index build grows with them.
+    #: large windows (vLLM); the grammar engines' cost does not grow with them.
     max_episodes_per_window: int = Field(default=3, ge=1)
     max_tuples_per_window: int = Field(default=6, ge=1)
     #: Provenance alignment (provenance.py) of a memory left without a valid cited turn id: the
@@ -171,6 +178,30 @@ class CurationConfig(_Section):
     #: SmolLM2 writes) and a third of facts cut before their last clause are caught; rewordings by
     #: another writer mostly are not (2% of LoCoMo's event summaries): consolidation merges those.
     duplicate_cosine: float = Field(default=0.95, ge=0.0, le=1.0)
+
+
+class AnsweringConfig(_Section):
+    """How the answer model is asked (answering.py) and what its context shows (context.py)."""
+
+    #: json: constrained JSON {answer, cited_memory_ids}; text: a short plain-text answer, the
+    #: cited memories derived by aligning question + answer to the memories shown (provenance.py).
+    #: text is the default because the default LLM is SmolLM2-135M: scripts/bench_answer_modes.py
+    #: (40 LoCoMo dev questions, observation facts + raw turns, 2,048 tokens; docs/benchmarks.md
+    #: §11) gave it F1 .087 in text vs .031 in JSON and cited recall .43 vs .15 (under the schema
+    #: it cites "E1", the prompt's example, in 78 of 80 answers). Models that follow the schema
+    #: keep json (the vLLM configs; not measured here).
+    mode: Literal["json", "text"] = "text"
+    #: Each memory in the context brings its source turns as raw text, paid from the same budget
+    #: (a turn a window already shows is shown and paid once). On: same bench, SmolLM2's F1 text
+    #: .087 -> .104, JSON .031 -> .040, all gold evidence shown as raw text .60 -> .65 of questions,
+    #: for ~5 fewer memories in the same tokens (provenance recall .725 -> .675).
+    evidence_turns: bool = True
+    #: Text mode's citations: the best-aligned memory shown, then more scoring at least
+    #: cite_min_score, at most cite_max_memories; the score weights as curation's alignment
+    #: (stem overlap 0.75, cosine 0.25: CurationConfig.align_lexical_weight's measurement).
+    cite_max_memories: int = Field(default=3, ge=1)
+    cite_min_score: float = Field(default=0.6, ge=0.0, le=1.0)
+    cite_lexical_weight: float = Field(default=0.75, ge=0.0, le=1.0)
 
 
 class UMAPConfig(_Section):
@@ -235,6 +266,7 @@ class Config(_Section):
     #: The evaluation judge; defaults to the system's own LLM when unset.
     judge: LLMConfig | None = None
     curation: CurationConfig = Field(default_factory=CurationConfig)
+    answering: AnsweringConfig = Field(default_factory=AnsweringConfig)
     consolidation: ConsolidationConfig = Field(default_factory=ConsolidationConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)

@@ -8,16 +8,21 @@ Two selections:
   rank order across stores (reciprocal rank fusion of the stores' own rankings, so the i-th
   hit of every store comes before the (i+1)-th of any), skipping what no longer fits.
 
-Raw-turn windows that overlap or touch are merged into one block, so a turn is shown — and
-paid for — once; each session's turns appear under one date header instead of a date on every
-line. Everything is rendered in chronological order, whatever order it was selected in. The
-result reports the tokens used and the exact provenance covered (turn ids).
+A search result carrying its memories' source turns (``SearchResult.source_turns``, attached
+when ``answering.evidence_turns`` is on) shows each chosen memory's turns among the raw turns,
+paid from the same budget: a memory comes with its turns when both fit, alone when only it
+does.
+
+Raw-turn windows and memories' turns that overlap or touch are merged into one block, so a turn
+is shown — and paid for — once; each session's turns appear under one date header instead of a
+date on every line. Everything is rendered in chronological order, whatever order it was
+selected in. The result reports the tokens used and the exact provenance covered (turn ids).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Literal, NamedTuple
+from typing import Callable, Literal, Mapping, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,6 +43,8 @@ class RenderedContext(BaseModel):
     text: str
     #: Short id shown to the LLM ("E1", "T4") → memory id.
     short_ids: dict[str, int]
+    #: Short id → the memory as shown (its line without the id): text-mode answers are aligned to it.
+    memory_texts: dict[str, str] = Field(default_factory=dict)
     #: Short id of a block of raw turns ("W1") → the turn ids it shows. Window ids are not
     #: memory ids, so they never share ``short_ids``.
     window_turns: dict[str, list[str]] = Field(default_factory=dict)
@@ -56,17 +63,23 @@ def assemble_context(
     result: SearchResult,
     budget: int | None = None,
     count_tokens: CountTokens | None = None,
+    source_weights: Mapping[str, float] | None = None,
 ) -> RenderedContext:
-    """Render ``result`` whole, or fill ``budget`` tokens (``count_tokens`` then required)."""
-    candidates = _fused_order(result)
+    """Render ``result`` whole, or fill ``budget`` tokens (``count_tokens`` then required).
+
+    ``source_weights`` weighs each store's ranking ("episodes", "tuples", "windows") in the
+    fused order; missing stores weigh 1.
+    """
+    candidates = _fused_order(result, source_weights)
+    evidence = _evidence_turns(result)
     if budget is None:
-        chosen = candidates
+        chosen = [pick for item in candidates for pick in [item, *evidence.get(_item_key(item), [])]]
     else:
         if count_tokens is None:
             raise ValueError("a context budget needs count_tokens (the answer model's tokenizer)")
         if budget < 1:
             raise ValueError(f"context budget must be at least 1 token, got {budget}")
-        chosen = _fill(candidates, budget, _CachedCounter(count_tokens))
+        chosen = _fill(candidates, evidence, budget, _CachedCounter(count_tokens))
     rendered = _render(chosen)
     if count_tokens is not None:
         rendered.tokens = count_tokens(rendered.text)
@@ -78,7 +91,7 @@ def assemble_context(
     return rendered
 
 
-def _fused_order(result: SearchResult) -> list[_Item]:
+def _fused_order(result: SearchResult, source_weights: Mapping[str, float] | None = None) -> list[_Item]:
     """Every hit, in fused rank order across stores."""
     items = {
         "episodes": [_Item("E", h) for h in result.episodes],
@@ -87,11 +100,27 @@ def _fused_order(result: SearchResult) -> list[_Item]:
     }
     keyed = {name: [(item.prefix, _item_id(item)) for item in group] for name, group in items.items()}
     by_key = {key: item for name in items for key, item in zip(keyed[name], items[name])}
-    return [by_key[key] for key, _ in reciprocal_rank_fusion(keyed, k=DEFAULT_RRF_K)]
+    return [by_key[key] for key, _ in reciprocal_rank_fusion(keyed, k=DEFAULT_RRF_K, weights=source_weights)]
 
 
 def _item_id(item: _Item) -> int:
     return item.hit.id if isinstance(item.hit, EvidenceWindow) else item.hit.memory.id
+
+
+def _item_key(item: _Item) -> tuple[str, int]:
+    return item.prefix, _item_id(item)
+
+
+def _evidence_turns(result: SearchResult) -> dict[tuple[str, int], list[_Item]]:
+    """Each memory's attached source turns (one-turn windows, in its citation order) by item key."""
+    if not result.source_turns:
+        return {}
+    by_turn = {window.turns[0].turn_id: window for window in result.source_turns}
+    return {
+        (prefix, hit.memory.id): [_Item("W", by_turn[t]) for t in hit.memory.source_turn_ids if t in by_turn]
+        for prefix, hits in (("E", result.episodes), ("T", result.tuples))
+        for hit in hits
+    }
 
 
 class _CachedCounter:
@@ -105,34 +134,75 @@ class _CachedCounter:
         return self._cache[text]
 
 
-def _fill(candidates: list[_Item], budget: int, count: _CachedCounter) -> list[_Item]:
-    """Greedy first-fit in rank order; a window pays only for the turns not shown yet."""
+def _fill(
+    candidates: list[_Item], evidence: dict[tuple[str, int], list[_Item]], budget: int, count: _CachedCounter
+) -> list[_Item]:
+    """Greedy first-fit in rank order. Raw turns pay only for the turns not shown yet; a memory
+    brings its evidence turns when memory and turns fit, and comes alone when only it does."""
     chosen: list[_Item] = []
     used = 0
-    sections: set[str] = set()
+    sections: list[str] = []
     shown: dict[str, set[int]] = defaultdict(set)  # session id → positions already shown
     for item in candidates:
-        cost = 0 if item.prefix in sections else count(_section_header(item.prefix, first=not sections))
         if isinstance(item.hit, EvidenceWindow):
-            window = item.hit
-            positions = range(window.start, window.start + len(window.turns))
-            new = [(p, t) for p, t in zip(positions, window.turns) if p not in shown[window.session_id]]
-            if not new:
-                continue
-            if not shown[window.session_id]:
-                cost += count(_session_header(window) + "\n")
-            touches = any(p - 1 in shown[window.session_id] or p + 1 in shown[window.session_id] for p in positions)
-            cost += count("[W1] ") * (not touches) + sum(count(turn_line(t) + "\n") for _, t in new)
+            options = [[item]] if _new_turns([item], shown) else []
         else:
-            cost += count(f"[{item.prefix}1] {item.hit.memory.render()}\n")
-        if used + cost > budget:
-            continue
-        used += cost
-        sections.add(item.prefix)
-        chosen.append(item)
-        if isinstance(item.hit, EvidenceWindow):
-            shown[item.hit.session_id].update(range(item.hit.start, item.hit.start + len(item.hit.turns)))
+            turns = [w for w in evidence.get(_item_key(item), []) if _new_turns([w], shown)]
+            options = [[item, *turns], [item]] if turns else [[item]]
+        for picks in options:
+            cost = _cost(picks, sections, shown, count)
+            if used + cost <= budget:
+                used += cost
+                chosen += picks
+                for pick in picks:
+                    if pick.prefix not in sections:
+                        sections.append(pick.prefix)
+                    if isinstance(pick.hit, EvidenceWindow):
+                        shown[pick.hit.session_id].update(_positions(pick.hit))
+                break
     return chosen
+
+
+def _positions(window: EvidenceWindow) -> range:
+    return range(window.start, window.start + len(window.turns))
+
+
+def _new_turns(items: list[_Item], shown: dict[str, set[int]]) -> dict[str, dict[int, Turn]]:
+    """The turns of these raw-turn items not shown yet: session id → position → turn."""
+    new: dict[str, dict[int, Turn]] = defaultdict(dict)
+    for item in items:
+        window = item.hit
+        for position, turn in zip(_positions(window), window.turns):
+            if position not in shown[window.session_id]:
+                new[window.session_id][position] = turn
+    return new
+
+
+def _cost(picks: list[_Item], sections: list[str], shown: dict[str, set[int]], count: _CachedCounter) -> int:
+    """Tokens ``picks`` add to a context holding ``sections`` and the ``shown`` turns."""
+    cost = 0
+    for prefix in dict.fromkeys(pick.prefix for pick in picks):
+        if prefix not in sections:
+            cost += count(_section_header(prefix, first=not sections))
+    raw = [pick for pick in picks if isinstance(pick.hit, EvidenceWindow)]
+    firsts = {pick.hit.session_id: pick.hit for pick in raw}
+    for session_id, turns in _new_turns(raw, shown).items():
+        before = shown[session_id]
+        if not before:
+            cost += count(_session_header(firsts[session_id]) + "\n")
+        # Each run of consecutive turns gets a "[W1] " id: new turns touching a shown run join it,
+        # and a turn bridging two runs saves one id (a negative change).
+        cost += count("[W1] ") * (_runs(before | set(turns)) - _runs(before))
+        cost += sum(count(turn_line(t) + "\n") for t in turns.values())
+    for pick in picks:
+        if not isinstance(pick.hit, EvidenceWindow):
+            cost += count(f"[{pick.prefix}1] {pick.hit.memory.render()}\n")
+    return cost
+
+
+def _runs(positions: set[int]) -> int:
+    """Runs of consecutive positions."""
+    return sum(1 for p in positions if p - 1 not in positions)
 
 
 def _section_header(prefix: str, first: bool) -> str:
@@ -146,6 +216,7 @@ def _session_header(window: EvidenceWindow) -> str:
 
 def _render(chosen: list[_Item]) -> RenderedContext:
     short_ids: dict[str, int] = {}
+    memory_texts: dict[str, str] = {}
     window_turns: dict[str, list[str]] = {}
     provenance: dict[str, None] = {}
     lines: list[str] = []
@@ -163,12 +234,14 @@ def _render(chosen: list[_Item]) -> RenderedContext:
             for i, hit in enumerate(sorted(group, key=lambda h: (h.memory.timestamp, h.memory.id or 0)), start=1):
                 short = f"{prefix}{i}"
                 short_ids[short] = hit.memory.id
+                memory_texts[short] = hit.memory.render()
                 provenance.update(dict.fromkeys(hit.memory.source_turn_ids))
                 lines.append(f"[{short}] {hit.memory.render()}")
         lines.append("")
     return RenderedContext(
         text="\n".join(lines).strip() or NO_MEMORIES,
         short_ids=short_ids,
+        memory_texts=memory_texts,
         window_turns=window_turns,
         turn_ids=list(provenance),
     )

@@ -65,9 +65,8 @@ MIN_TURN_BUDGET_TOKENS = 64
 # week"; an impossible date (2023-02-30) or a server that ignores schemas is handled by
 # :func:`normalise_timestamp`, which falls back to the session date instead of failing the
 # window. String lengths and list sizes are capped because small models loop inside a string,
-# or repeat list items, until max_new_tokens; the caps are generous for real memories and kept
-# modest because Outlines' index build grows with them (~1 s unbounded; ~15-50 s with these
-# on a loaded 2-core CPU, once per process and schema; vLLM's grammar compilers do not mind).
+# or repeat list items, until max_new_tokens; the caps are generous for real memories (the
+# grammar engines, llguidance in-process and vLLM's, build nothing that grows with them).
 _ISO_DATE = {"pattern": r"^\d{4}(-\d{2}(-\d{2})?)?$"}
 #: A memory cites a few turns; 40 characters fit LoCoMo ("D12:7") and LongMemEval
 #: ("answer_4be1b6b4_2:13") ids, and a longer one is dropped like any unknown id.

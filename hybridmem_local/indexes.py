@@ -22,7 +22,9 @@ How they stay in step with SQLite, whichever process wrote:
 
 from __future__ import annotations
 
+import logging
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
@@ -35,6 +37,8 @@ from hybridmem_local.lexical import LexicalIndex, memory_text
 from hybridmem_local.schema import EvidenceWindow, MemoryKind
 from hybridmem_local.store import MemoryStore, StoreError, text_hash
 from hybridmem_local.windows import WINDOW_KIND, WindowSet
+
+log = logging.getLogger(__name__)
 
 #: What an index holds: one of the memory stores, or the raw-turn evidence windows.
 SourceKind = Literal["episode", "tuple", "window"]
@@ -56,6 +60,8 @@ class StoreIndexes:
         self._dense: dict[tuple[str, SourceKind], VectorIndex] = {}
         self._lexical: dict[tuple[str, SourceKind], LexicalIndex] = {}
         self._windows: dict[str, WindowSet] = {}
+        #: The change marker each namespace's window set was last refreshed at.
+        self._windows_at: dict[str, Marker] = {}
         #: The change marker each loaded index was last caught up at.
         self._synced_at: dict[tuple[str, str, SourceKind], Marker] = {}
 
@@ -78,9 +84,21 @@ class StoreIndexes:
         missing = sorted({t for t in texts if text_hash(t) not in cached})
         if missing:
             vectors = embedder.embed(missing)
-            self.store.put_embeddings(namespace, embedder.model_id, missing, vectors)
+            self._cache_embeddings(namespace, embedder.model_id, missing, vectors)
             cached.update({text_hash(t): v for t, v in zip(missing, vectors)})
         return np.stack([cached[text_hash(t)] for t in texts])
+
+    def _cache_embeddings(self, namespace: str, model_id: str, texts: Sequence[str], vectors: np.ndarray) -> None:
+        """Store vectors in the embedding cache. Outside a write, a store that cannot take them
+        (full, read-only) only logs it: the cache saves re-embedding, and a search must not fail
+        for it (a write's own transaction still fails as a whole)."""
+        inside_write = self.store.conn.in_transaction
+        try:
+            self.store.put_embeddings(namespace, model_id, texts, vectors)
+        except sqlite3.OperationalError as exc:
+            if inside_write:
+                raise
+            log.warning("embedding cache not written (%s): %d texts will be embedded again next time", exc, len(texts))
 
     def uncached(self, namespace: str, texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
         """The texts the embedding cache lacks, and their vectors, not yet stored: a writer
@@ -114,7 +132,7 @@ class StoreIndexes:
             self._catch_up(
                 ("dense", *key), index,
                 lambda: index.sync(windows.ids(), lambda ids: self.embed(namespace, windows.texts(ids))),
-                before=windows.refresh,
+                before=lambda: self._refresh_windows(namespace),
             )
             return index
         index = self._dense.get(key)
@@ -138,7 +156,8 @@ class StoreIndexes:
                 index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, windows.recipe)
                 self._synced_at.pop(("lexical", *key), None)
             self._catch_up(
-                ("lexical", *key), index, lambda: index.sync(windows.ids(), windows.texts), before=windows.refresh
+                ("lexical", *key), index, lambda: index.sync(windows.ids(), windows.texts),
+                before=lambda: self._refresh_windows(namespace),
             )
             return index
         index = self._lexical.get(key)
@@ -152,20 +171,28 @@ class StoreIndexes:
 
     def windows(self, namespace: str, ids: Sequence[int]) -> dict[int, EvidenceWindow]:
         """Windows by id (those the namespace has), in the configured shape."""
-        windows = self._window_set(namespace)
-        windows.refresh()
-        return windows.get(ids)
+        return self._refresh_windows(namespace).get(ids)
 
     def all_windows(self, namespace: str) -> list[EvidenceWindow]:
+        return list(self._refresh_windows(namespace).windows.values())
+
+    def _refresh_windows(self, namespace: str) -> WindowSet:
+        """The namespace's window set, reloaded if its turns changed. Every insert of turns moves
+        the change marker, so the turns are checked only when it moved: their check counts the
+        namespace's turns (~10 ms at 100k), too slow for every search."""
         windows = self._window_set(namespace)
-        windows.refresh()
-        return list(windows.windows.values())
+        marker = self.store.change_marker()  # read first, as in _catch_up
+        if self._windows_at.get(namespace) != marker:
+            windows.refresh()
+            self._windows_at[namespace] = marker
+        return windows
 
     def _window_set(self, namespace: str) -> WindowSet:
         size, stride = self.config.retrieval.window_size, self.config.retrieval.window_stride
         windows = self._windows.get(namespace)
         if windows is None or (windows.size, windows.stride) != (size, stride):
             windows = self._windows[namespace] = WindowSet(self.store, namespace, size, stride)
+            self._windows_at.pop(namespace, None)
         return windows
 
     def _catch_up(
@@ -224,6 +251,7 @@ class StoreIndexes:
     def drop(self, namespace: str) -> None:
         """Unload the namespace's indexes and delete their files (the folder stays)."""
         self._windows.pop(namespace, None)
+        self._windows_at.pop(namespace, None)
         for key in [k for k in self._synced_at if k[1] == namespace]:
             del self._synced_at[key]
         directory = self.directory(namespace)

@@ -52,6 +52,7 @@ from hybridmem_local.store import (
     text_hash,
 )
 from hybridmem_local.usage import LLMUsage
+from hybridmem_local.windows import with_source_turns
 
 if TYPE_CHECKING:
     from hybridmem_local.answering import Answer
@@ -610,24 +611,28 @@ class HybridMemory:
         timestamp falls in that period (windows: their session's date); ``min_score`` drops
         weaker hits (``retrieval.SearchFilters``).
         """
+        filters = SearchFilters(kinds=list(kinds) if kinds is not None else None, since=since, until=until, min_score=min_score)
+        return self._search(query, namespace, k, filters=filters)
+
+    def _search(
+        self, query: str, namespace: str, k: int | None, filters: SearchFilters | None = None, candidates: bool = False
+    ) -> SearchResult:
         check_namespace(namespace)
         k = self.config.retrieval.k if k is None else k
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
-        filters = SearchFilters(kinds=list(kinds) if kinds is not None else None, since=since, until=until, min_score=min_score)
-        return self.retriever.search(query, namespace, k, self.config.retrieval.tuple_multiplier * k, filters=filters)
+        return self.retriever.search(
+            query, namespace, k, self.config.retrieval.tuple_multiplier * k, filters=filters, candidates=candidates
+        )
 
     def answer(
         self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
     ) -> Answer:
-        """Retrieve (top-k episodes + top-2k tuples) and answer with one LLM call."""
+        """Retrieve (``answer_search``) and answer with one LLM call, as ``answering`` configures."""
         from hybridmem_local.answering import answer_from_context
 
-        result = self.search(question, namespace=namespace, k=k)
-        return answer_from_context(
-            self.llm, question, result, question_date,
-            enable_thinking=self.config.llm.enable_thinking, context_budget=self.config.retrieval.context_budget,
-        )
+        result = self.answer_search(question, namespace=namespace, k=k)
+        return answer_from_context(self.llm, question, result, question_date, **self.answer_options())
 
     def answer_many(
         self,
@@ -639,12 +644,27 @@ class HybridMemory:
         """Answer several questions in one batched LLM call: each retrieves as ``answer`` does."""
         from hybridmem_local.answering import answer_many
 
-        results = [self.search(question, namespace=namespace, k=k) for question in questions]
-        return answer_many(
-            self.llm, questions, results, question_dates,
-            enable_thinking=self.config.llm.enable_thinking, context_budget=self.config.retrieval.context_budget,
-            tag=namespace,
-        )
+        results = [self.answer_search(question, namespace=namespace, k=k) for question in questions]
+        return answer_many(self.llm, questions, results, question_dates, tag=namespace, **self.answer_options())
+
+    def answer_search(self, question: str, namespace: str = "default", k: int | None = None) -> SearchResult:
+        """The search an answer is written from: ``search``, but every store's candidates when a
+        context budget is set (the budget, not k, decides what is shown), with the memories'
+        source turns attached when ``answering.evidence_turns`` is on (the context then shows them)."""
+        result = self._search(question, namespace, k, candidates=self.config.retrieval.context_budget is not None)
+        return with_source_turns(self.store, result) if self.config.answering.evidence_turns else result
+
+    def answer_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``answering.answer_many`` / ``answer_from_context`` this config sets."""
+        from hybridmem_local.answering import TextCiter
+
+        answering = self.config.answering
+        return {
+            "enable_thinking": self.config.llm.enable_thinking,
+            "context_budget": self.config.retrieval.context_budget,
+            "mode": answering.mode,
+            "citer": TextCiter.from_config(answering, self.embedder.embed) if answering.mode == "text" else None,
+        }
 
     def get(self, memory_id: int) -> Episode | RelationalTuple:
         return self.store.get_memory(memory_id)

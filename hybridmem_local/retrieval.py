@@ -9,8 +9,9 @@ raw-turn evidence windows) the retriever ranks by
 
 each from the namespace's indexes (``indexes.py``), caught up with the store on use.
 
-By default it keeps the paper's fixed selection — top-k episodes, top-2k tuples, top-k
-windows; with ``retrieval.context_budget`` set it returns every candidate, and
+A search returns the top-k episodes, top-2k tuples and top-k windows (the paper's fixed
+selection over the stores searched); asked for ``candidates`` (an answer with
+``retrieval.context_budget`` set) it returns every candidate, and
 ``format_context(result, budget=..., count_tokens=...)`` fills the budget in fused rank order
 across stores (``context.py``). ``format_context`` renders the block an answer prompt shows,
 with short ids (E1, T3, W2) the answer can cite.
@@ -19,7 +20,7 @@ with short ids (E1, T3, W2) the answer can cite.
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -86,20 +87,21 @@ class Retriever:
         tuple_k: int,
         window_k: int | None = None,
         filters: SearchFilters | None = None,
+        candidates: bool = False,
     ) -> SearchResult:
         """Top-``k`` episodes, top-``tuple_k`` tuples and top-``window_k`` (default k) windows.
 
-        In budget mode (``context_budget`` set) every store returns its whole candidate list
-        (``candidate_depth``, at least the k asked for), ranked, for ``format_context`` to cut.
-        With date ``filters`` a store is searched deeper until it has its count of hits that
-        pass them, or has no more candidates.
+        With ``candidates`` every store returns its whole candidate list (``candidate_depth``,
+        at least the k asked for), ranked, for a budgeted ``format_context`` to cut. With date
+        ``filters`` a store is searched deeper until it has its count of hits that pass them,
+        or has no more candidates.
         """
         if not query.strip():
             raise ValueError("search query is empty")
         config = self.config
         filters = filters or SearchFilters()
         limits = {"episodes": k, "tuples": tuple_k, "windows": k if window_k is None else window_k}
-        if config.context_budget is not None:
+        if candidates:
             limits = {name: max(limit, config.candidate_depth) for name, limit in limits.items()}
         vector = self.indexes.embed_query(query) if config.mode != "lexical" else None
 
@@ -178,6 +180,7 @@ def format_context(
     result: SearchResult,
     budget: int | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    source_weights: Mapping[str, float] | None = None,
 ) -> RenderedContext:
     """Render a search result: everything it holds, or as much as fits ``budget`` tokens.
 
@@ -186,4 +189,4 @@ def format_context(
     rank order across stores until no further one fits; ``count_tokens`` (the answer model's
     ``StructuredLLM.count_tokens``) is then required.
     """
-    return assemble_context(result, budget=budget, count_tokens=count_tokens)
+    return assemble_context(result, budget=budget, count_tokens=count_tokens, source_weights=source_weights)

@@ -273,6 +273,9 @@ class SearchResult(StrictModel):
     tuples: list[Hit] = Field(default_factory=list)
     #: Raw-turn evidence windows, when ``retrieval.sources`` includes them.
     windows: list[WindowHit] = Field(default_factory=list)
+    #: The memories' source turns, one single-turn window each, attached at answer time when
+    #: ``answering.evidence_turns`` is on (``windows.with_source_turns``); a context shows them.
+    source_turns: list[EvidenceWindow] = Field(default_factory=list)
 
     def memories(self) -> list[Episode | RelationalTuple]:
         return [h.memory for h in self.episodes] + [h.memory for h in self.tuples]

@@ -528,6 +528,18 @@ class MemoryStore:
             (namespace,),
         ).fetchall()
 
+    def turn_rows_by_id(self, namespace: str, turn_ids: Sequence[str]) -> list[sqlite3.Row]:
+        """The turns of a namespace with these turn ids, with ``turn_rows``' columns (ids it lacks are left out)."""
+        rows: list[sqlite3.Row] = []
+        for chunk in _chunks(list(dict.fromkeys(turn_ids))):
+            rows += self.conn.execute(
+                "SELECT t.id, t.position, t.turn_id, t.speaker, t.text, t.image_caption, s.session_id, s.started_at "
+                "FROM turns t JOIN sessions s ON s.id = t.session_pk WHERE t.namespace = ? "
+                f"AND t.turn_id IN ({','.join('?' * len(chunk))})",
+                (namespace, *chunk),
+            ).fetchall()
+        return rows
+
     # ------------------------------------------------------------------ memories
 
     def insert_memories(

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hybridmem_local.schema import EvidenceWindow, Turn
+from hybridmem_local.schema import EvidenceWindow, SearchResult, Turn
 from hybridmem_local.store import MemoryStore
 
 WINDOW_KIND = "window"
@@ -60,10 +60,31 @@ def load_windows(store: MemoryStore, namespace: str, size: int, stride: int) -> 
     return windows
 
 
+def with_source_turns(store: MemoryStore, result: SearchResult) -> SearchResult:
+    """``result`` with its memories' source turns attached (``SearchResult.source_turns``), each
+    a one-turn window, so an answer context can show them beside (and merged with) the windows.
+    Turn ids the namespace does not hold are left out; the memory still names them."""
+    turn_ids = [t for memory in result.memories() for t in memory.source_turn_ids]
+    rows = store.turn_rows_by_id(result.namespace, turn_ids) if turn_ids else []
+    return result.model_copy(update={"source_turns": [
+        EvidenceWindow(
+            id=row["id"],
+            namespace=result.namespace,
+            session_id=row["session_id"],
+            session_date=datetime.fromisoformat(row["started_at"]),
+            start=row["position"],
+            turns=[_turn(row)],
+        )
+        for row in rows
+    ]})
+
+
+def _turn(row) -> Turn:
+    return Turn(turn_id=row["turn_id"], speaker=row["speaker"], text=row["text"], image_caption=row["image_caption"])
+
+
 def _session_windows(namespace: str, rows: list, size: int, stride: int) -> dict[int, EvidenceWindow]:
-    turns = [
-        Turn(turn_id=r["turn_id"], speaker=r["speaker"], text=r["text"], image_caption=r["image_caption"]) for r in rows
-    ]
+    turns = [_turn(r) for r in rows]
     date = datetime.fromisoformat(rows[0]["started_at"])
     out = {}
     for start in window_starts(len(rows), size, stride):

@@ -15,8 +15,17 @@ each searched ``dense`` (MiniLM + hnswlib, the paper), ``lexical`` (BM25 + stemm
 per query, the dense search, the BM25 search and the fusion at the default candidate depth,
 and the cost of rebuilding a BM25 index at LoCoMo scale and above.
 
+``--selections`` measures instead what the default retrieval should be (issue #16), all
+hybrid except the paper's: the paper's selection (dense, top-k episodes + top-2k tuples, no
+budget), memories only (episodes + tuples), windows only, and memories + windows fused in one
+ranking at several window weights. The memories are the ``facts`` stand-ins, or with
+``--stores`` the memories an LLM curated (the ``stores/`` folder of ``hybridmem eval locomo``;
+only questions whose evidence turns are all stored count).
+
     python scripts/bench_retrieval_budget.py --out runs/bench_retrieval_budget.json
     python scripts/bench_retrieval_budget.py --conversations 1     # a quick look
+    python scripts/bench_retrieval_budget.py --selections --out runs/bench_selections.json
+    python scripts/bench_retrieval_budget.py --selections --stores runs/eval_vllm_cpu/stores
 
 Budgets are counted in the tokenizer of ``--tokenizer`` (a models/manifest.yaml name; the
 embedded default answer model SmolLM2, whose tokenizer loads from its GGUF in ~8 s).
@@ -53,6 +62,18 @@ CORPORA = {
     "windows": dict(sources=["windows"], window_size=3, window_stride=1),
     "facts": dict(sources=["episodes"]),
 }
+MEMORIES, ALL_SOURCES = ["episodes", "tuples"], ["episodes", "tuples", "windows"]
+#: name → (retrieval settings, source weights of the fused context order); the paper's
+#: selection has no budget (it is rendered whole), every other one fills each budget.
+SELECTIONS = {
+    "paper (dense k/2k)": (dict(mode="dense", sources=MEMORIES), None),
+    "memories": (dict(sources=MEMORIES), None),
+    "windows": (dict(sources=["windows"]), None),
+    "fused": (dict(sources=ALL_SOURCES), None),
+    "fused, windows x0.8": (dict(sources=ALL_SOURCES), {"windows": 0.8}),
+    "fused, windows x1.25": (dict(sources=ALL_SOURCES), {"windows": 1.25}),
+}
+PAPER = "paper (dense k/2k)"
 
 
 def load_counter(model: str):
@@ -96,6 +117,14 @@ def observation_facts(raw_sample: dict, conversation: LocomoConversation) -> lis
     return facts
 
 
+def search(memory: HybridMemory, query: str, namespace: str):
+    """What an answer is written from: every candidate of each store when a budget is set."""
+    config = memory.config.retrieval
+    return memory.retriever.search(
+        query, namespace, config.k, config.tuple_multiplier * config.k, candidates=config.context_budget is not None
+    )
+
+
 def bench_conversation(memory: HybridMemory, conversation: LocomoConversation, budgets, count_tokens, depth, latency):
     """Covered-question counts per (corpus, mode, budget) for one conversation."""
     questions = [q for q in conversation.questions if q.evidence]
@@ -111,7 +140,7 @@ def bench_conversation(memory: HybridMemory, conversation: LocomoConversation, b
             memory.retriever.config = memory.config.retrieval
             counts = [0] * len(budgets)
             for question in questions:
-                result = memory.search(question.question, namespace=conversation.namespace)
+                result = search(memory, question.question, conversation.namespace)
                 for i, budget in enumerate(budgets):
                     context = format_context(result, budget=budget, count_tokens=count_tokens)
                     counts[i] += set(question.evidence) <= set(context.turn_ids)
@@ -119,6 +148,78 @@ def bench_conversation(memory: HybridMemory, conversation: LocomoConversation, b
         if corpus != "facts":
             time_fusion(memory, conversation.namespace, questions, vectors, latency)
     return len(questions), covered
+
+
+def bench_selections(memory: HybridMemory, namespace: str, questions, budgets, count_tokens, depth):
+    """Covered-question counts per selection and budget, and the paper selection's tokens."""
+    vectors = dict(zip(texts := sorted({q.question for q in questions}), memory.embedder.embed(texts)))
+    memory.indexes.embed_query = vectors.__getitem__
+    covered: dict[str, list[int]] = {}
+    paper_tokens: list[int] = []
+    for name, (settings, weights) in SELECTIONS.items():
+        paper = name == PAPER
+        memory.config.retrieval = RetrievalConfig(
+            candidate_depth=depth, context_budget=None if paper else max(budgets), **settings
+        )
+        memory.retriever.config = memory.config.retrieval
+        counts = [0] * len(budgets)
+        for question in questions:
+            result = search(memory, question.question, namespace)
+            if paper:
+                context = format_context(result, count_tokens=count_tokens)
+                paper_tokens.append(context.tokens)
+                counts = [c + (set(question.evidence) <= set(context.turn_ids)) for c in counts]
+                continue
+            for i, budget in enumerate(budgets):
+                context = format_context(result, budget=budget, count_tokens=count_tokens, source_weights=weights)
+                counts[i] += set(question.evidence) <= set(context.turn_ids)
+        covered[name] = counts
+    return covered, paper_tokens
+
+
+def run_selections(args, conversations, raw_samples, count_tokens, embedder, budgets, console) -> dict:
+    """The selection table on the facts stand-ins, or on curated stores (``--stores``)."""
+    totals = {name: [0] * len(budgets) for name in SELECTIONS}
+    paper_tokens: list[int] = []
+    n_questions = 0
+    per_conversation = {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for conversation in conversations:
+            config = load_config(overrides={"embedder.device": "cpu"})
+            if args.stores is not None:
+                path = args.stores / f"{conversation.sample_id}.db"
+                if not path.exists():
+                    continue
+            else:
+                path = Path(tmp) / f"{conversation.sample_id}.db"
+            with HybridMemory.open(path, config, embedder=embedder) as memory:
+                if args.stores is None:
+                    memory.ingest(conversation.sessions, curate=False)
+                    memory.add_memories(
+                        conversation.namespace, episodes=observation_facts(raw_samples[conversation.sample_id], conversation)
+                    )
+                stored = {t.turn_id for w in memory.indexes.all_windows(conversation.namespace) for t in w.turns}
+                questions = [q for q in conversation.questions if q.evidence and set(q.evidence) <= stored]
+                if not questions:
+                    continue
+                covered, tokens = bench_selections(memory, conversation.namespace, questions, budgets, count_tokens, args.depth)
+            n_questions += len(questions)
+            paper_tokens += tokens
+            per_conversation[conversation.sample_id] = {"questions": len(questions), "covered": covered}
+            for name, counts in covered.items():
+                totals[name] = [a + b for a, b in zip(totals[name], counts)]
+            console.log(f"{conversation.sample_id}: {len(questions)} questions, {time.perf_counter() - started:.0f}s")
+    if not n_questions:
+        raise SystemExit("no question has all its evidence turns stored")
+    return {
+        "memories": str(args.stores) if args.stores else "observation facts (stand-ins)",
+        "questions_with_evidence": n_questions,
+        "evidence_recall": {name: [round(c / n_questions, 3) for c in counts] for name, counts in totals.items()},
+        "paper_selection_tokens": {"mean": round(statistics.mean(paper_tokens)), "p95": int(np.percentile(paper_tokens, 95))},
+        "per_conversation": per_conversation,
+        "seconds": round(time.perf_counter() - started),
+    }
 
 
 def time_fusion(memory: HybridMemory, namespace: str, questions, vectors, latency) -> None:
@@ -163,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--tokenizer", default="smollm2-135m-instruct")
     parser.add_argument("--depth", type=int, default=2000, help="candidates per ranking (whole corpus by default)")
+    parser.add_argument("--selections", action="store_true", help="the default-retrieval table (see above)")
+    parser.add_argument("--stores", type=Path, default=None, help="with --selections: folder of curated <sample_id>.db stores")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     console = Console(stderr=True)
@@ -173,6 +276,21 @@ def main(argv: list[str] | None = None) -> int:
     count_tokens = load_counter(args.tokenizer)
     embedder = build_embedder(EmbedderConfig(device="cpu"))
     budgets = sorted(args.budgets)
+    if args.selections:
+        report = run_selections(args, conversations, raw_samples, count_tokens, embedder, budgets, console)
+        report.update(locomo=str(args.locomo), budgets=budgets, tokenizer=args.tokenizer, embedder=embedder.model_id)
+        table = Table(title=f"Evidence recall by context budget, {report['memories']} ({report['questions_with_evidence']} questions)")
+        table.add_column("selection")
+        for budget in budgets:
+            table.add_column(str(budget), justify="right")
+        for name, values in report["evidence_recall"].items():
+            table.add_row(name, *(f"{v:.3f}" for v in values))
+        Console().print(table)
+        Console().print(f"paper selection tokens: {report['paper_selection_tokens']}")
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=2))
+        return 0
 
     totals = {c: {m: [0] * len(budgets) for m in MODES} for c in CORPORA}
     n_questions = 0

@@ -9,9 +9,10 @@ on shared cores, ratios much less):
   hybrid candidate depth, 100), recall@10 of ANN against exact, speed-up exact / ANN, and
   recall and latency at ef_search 100 and 200 for comparison.
   Target: recall@10 ≥ 0.99 and ≥ 20× faster than exact at 100k.
-* **End to end** — ``HybridMemory.search()`` (query embedding, hnswlib, BM25 and fusion in the
-  default hybrid mode, SQLite fetch of the hits) against embedding the query alone, queries
-  interleaved; dense mode (the paper's) and hybrid mode (the default). Target: search p95 ≤
+* **End to end** — ``HybridMemory.search()`` (query embedding, hnswlib, BM25 and fusion in
+  hybrid mode, fetch of the hits) against embedding the query alone, queries interleaved, in
+  three settings (``SETTINGS``): dense over the memories (the paper's), hybrid over the
+  memories, and hybrid over the memories and the evidence windows. Target: search p95 ≤
   1.25 × query-embedding p95. An instrumented ``Retriever`` (timers around the embedder, the
   index and BM25 lookups and the row fetch; nothing added to the library) splits the time.
 
@@ -21,10 +22,13 @@ renormalised (``--distribution uniform`` gives structureless vectors, the hardes
 HNSW). Queries are the real LoCoMo questions, embedded by MiniLM. The end-to-end store holds
 N memories (1/3 episodes, 2/3 tuples) whose texts are the source turns and whose vectors are
 put straight into the embedding cache, so nothing is embedded at build time; search then
-runs exactly as in the library (the query is embedded for real).
+runs exactly as in the library (the query is embedded for real). It also holds ``--turns``
+(default N) raw turns, LoCoMo turns in sessions of 20, so ~0.9 N evidence windows, whose
+vectors (the sum of their turns' paraphrase vectors) are cached the same way.
 
     python scripts/bench_search.py --sizes 10000 100000 --out runs/bench_search.json
     python scripts/bench_search.py --sizes 10000 --queries 50          # a quick look
+    python scripts/bench_search.py --sizes 100000 --no-ann             # end to end only
     python scripts/bench_search.py --with-1m                           # adds N = 1,000,000 (long)
 
 Threads: ``--threads 1`` (default) runs torch and BLAS on one thread. On 2 shared, busy cores
@@ -44,7 +48,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable, Iterator
@@ -266,6 +270,42 @@ def build_store(db: Path, model_id: str, turns: list[tuple[str, str]], vectors: 
     return {"memories": len(drafts), "insert_s": seconds}
 
 
+def build_turns(db: Path, model_id: str, turns: list[tuple[str, str]], base: np.ndarray, n: int,
+                session_turns: int = 20, seed: int = 1) -> dict:
+    """Add ``n`` raw turns (sessions of ``session_turns``) to the store, so it holds ~``n`` evidence
+    windows of the default shape, and put a vector for each window's text in the embedding cache:
+    the normalised sum of paraphrase vectors of its turns' LoCoMo sources (nothing embedded)."""
+    from hybridmem_local.config import RetrievalConfig
+    from hybridmem_local.schema import Session, Turn
+    from hybridmem_local.store import MemoryStore
+    from hybridmem_local.windows import load_windows
+
+    rng = np.random.default_rng(seed)
+    sources = rng.integers(0, len(turns), n)
+    turn_vectors = base[sources] + rng.normal(0, PARAPHRASE_SIGMA, (n, DIM)).astype(np.float32)
+    start_date = datetime(2023, 1, 1, tzinfo=timezone.utc)
+    store = MemoryStore(db)
+    start = time.perf_counter()
+    with store.transaction():
+        for s, first in enumerate(range(0, n, session_turns)):
+            store.insert_session(Session(
+                session_id=f"s{s}", namespace="bench", started_at=start_date + timedelta(hours=s),
+                turns=[Turn(turn_id=f"t{i}", speaker=turns[j][0], text=f"{turns[j][1]} [{i}]")
+                       for i, j in zip(range(first, min(first + session_turns, n)), sources[first:first + session_turns].tolist())],
+            ))
+    shape = RetrievalConfig()
+    windows = load_windows(store, "bench", shape.window_size, shape.window_stride)
+    # A window's turns are consecutive rows of the turns table, so its first turn's key gives its rows.
+    first_key = min(windows)
+    vectors = np.stack([turn_vectors[w.id - first_key: w.id - first_key + len(w.turns)].sum(axis=0) for w in windows.values()])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    with store.transaction():
+        store.put_embeddings("bench", model_id, [w.index_text() for w in windows.values()], vectors)
+    seconds = time.perf_counter() - start
+    store.close()
+    return {"turns": n, "windows": len(windows), "insert_s": seconds}
+
+
 class StageTimer:
     """Wraps the callables a Retriever is built from and records their time per query."""
 
@@ -309,6 +349,7 @@ class _TimedIndexes:
     def __init__(self, inner, timer: StageTimer):
         self._inner, self._timer = inner, timer
         self.embed_query = timer.wrap("embed", inner.embed_query)
+        self.windows = timer.wrap("sqlite_fetch", inner.windows)
 
     def dense(self, namespace, kind):
         return _TimedSearch(self._inner.dense(namespace, kind), self._timer, "dense_index")
@@ -326,11 +367,20 @@ def instrumented_retriever(memory, timer: StageTimer):
     return Retriever(_TimedStore(memory.store, timer), _TimedIndexes(memory.indexes, timer), memory.config.retrieval)
 
 
-def bench_end_to_end(db: Path, embedder, questions: list[str], mode: str) -> dict:
+#: The end-to-end settings: the paper's dense search and hybrid search over the memories, and
+#: hybrid search over the memories and the evidence windows (needs turns in the store).
+SETTINGS = {
+    "dense": {"retrieval.mode": "dense", "retrieval.sources": ["episodes", "tuples"]},
+    "hybrid": {"retrieval.mode": "hybrid", "retrieval.sources": ["episodes", "tuples"]},
+    "hybrid+windows": {"retrieval.mode": "hybrid", "retrieval.sources": ["episodes", "tuples", "windows"]},
+}
+
+
+def bench_end_to_end(db: Path, embedder, questions: list[str], setting: str) -> dict:
     from hybridmem_local.config import load_config
     from hybridmem_local.memory import HybridMemory
 
-    config = load_config(overrides={"retrieval.mode": mode})
+    config = load_config(overrides=SETTINGS[setting])
     with HybridMemory.open(db, config, embedder=embedder) as memory:
         # First search loads or builds every index it needs (hnswlib from cached vectors, BM25).
         first_s, _ = timed(memory.search, questions[0], "bench")
@@ -352,7 +402,8 @@ def bench_end_to_end(db: Path, embedder, questions: list[str], mode: str) -> dic
                 stages.setdefault(name, []).append(seconds)
     embed, search = summary(embed_s), summary(search_s)
     return {
-        "mode": mode,
+        "setting": setting,
+        "overrides": SETTINGS[setting],
         "first_search_s": first_s,
         "query_embedding": embed,
         "search": search,
@@ -372,6 +423,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200, help="LoCoMo questions used as queries")
     parser.add_argument("--distribution", choices=["paraphrase", "uniform"], default="paraphrase")
     parser.add_argument("--no-end-to-end", action="store_true", help="ANN vs exact only")
+    parser.add_argument("--no-ann", action="store_true", help="end to end only")
+    parser.add_argument("--turns", type=int, default=None,
+                        help="raw turns in the end-to-end store, ~one evidence window each (default: N; 0: no windows)")
     parser.add_argument("--threads", type=int, default=1, help="torch and BLAS threads (see the module docstring)")
     parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where base embeddings are kept between runs")
@@ -393,12 +447,17 @@ def main() -> None:
     for n in sizes:
         console.print(f"[bold]N = {n:,}[/]")
         vectors, sources = synthetic_vectors(base, n, args.distribution)
-        entry = results["sizes"][n] = {"ann": bench_ann(vectors, query_vectors)}
+        entry = results["sizes"][n] = {} if args.no_ann else {"ann": bench_ann(vectors, query_vectors)}
         if not args.no_end_to_end and n <= 100_000 and args.distribution == "paraphrase":
             with tempfile.TemporaryDirectory() as folder:
                 db = Path(folder) / "bench.db"
                 entry["store"] = build_store(db, embedder.model_id, turns, vectors, sources)
-                entry["end_to_end"] = {mode: bench_end_to_end(db, embedder, questions, mode) for mode in ("dense", "hybrid")}
+                n_turns = n if args.turns is None else args.turns
+                settings = ["dense", "hybrid"]
+                if n_turns:
+                    entry["turns"] = build_turns(db, embedder.model_id, turns, base, n_turns)
+                    settings.append("hybrid+windows")
+                entry["end_to_end"] = {name: bench_end_to_end(db, embedder, questions, name) for name in settings}
         del vectors
     results["machine"]["load_average_at_end"] = os.getloadavg()
     print_tables(results)
@@ -413,16 +472,19 @@ def print_tables(results: dict) -> None:
                    "ef 200: recall / p95"):
         ann.add_column(column, justify="right")
     for n, entry in results["sizes"].items():
+        if "ann" not in entry:
+            continue
         a = entry["ann"]
         ann.add_row(f"{n:,}", f"{a['build_s']:.1f}", f"{a['ann_k10']['p50_ms']:.3f}", f"{a['ann_k10']['p95_ms']:.3f}",
                     f"{a['exact_k10']['p50_ms']:.2f}", f"{a['exact_k10']['p95_ms']:.2f}", f"{a['speedup_p50']:.1f}×",
                     f"{a['speedup_p95']:.1f}×", f"{a['recall_at_10']:.4f}", f"{a['near_tie_recall_at_10']:.4f}",
                     f"{a['ann_depth100']['p95_ms']:.3f}",
                     *(f"{a['ef_sweep'][ef]['recall_at_10']:.4f} / {a['ef_sweep'][ef]['p95_ms']:.3f}" for ef in (100, 200)))
-    console.print(ann)
+    if ann.row_count:
+        console.print(ann)
     e2e = Table(title="HybridMemory.search() vs embedding the query alone (same run, interleaved)")
-    for column in ("N", "mode", "embed p50", "embed p95", "search p50", "search p95", "p95 ratio", "target",
-                   "embed", "dense index", "BM25", "SQLite fetch", "other"):
+    for column in ("N", "setting", "embed p50", "embed p95", "search p50", "search p95", "p95 ratio", "target",
+                   "embed", "dense index", "BM25", "row fetch", "other"):
         e2e.add_column(column, justify="right")
     for n, entry in results["sizes"].items():
         for mode, r in entry.get("end_to_end", {}).items():

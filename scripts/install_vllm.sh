@@ -67,7 +67,9 @@ mkdir -p .vllm
 "$VENV/bin/python" - "$repo_root/pyproject.toml" > .vllm/requirements.txt <<'EOF'
 import sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-for requirement in project["dependencies"] + project["optional-dependencies"]["dev"]:
+extras = project["optional-dependencies"]
+# eval and service too: `hybridmem eval` and `hybridmem serve` run on vLLM from this venv.
+for requirement in project["dependencies"] + extras["dev"] + extras["eval"] + extras["service"]:
     print(requirement)
 EOF
 "${pip[@]}" install --quiet -r .vllm/requirements.txt -c .vllm/constraints.txt

@@ -15,11 +15,14 @@ import pytest
 
 from hybridmem_local.answering import (
     ANSWER_MAX_NEW_TOKENS,
+    ANSWER_TEXT_MAX_NEW_TOKENS,
     AnswerDraft,
+    TextCiter,
     answer_from_context,
     answer_many,
     build_answer_request,
 )
+from hybridmem_local.config import AnsweringConfig, load_config
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.retrieval import format_context
@@ -88,7 +91,7 @@ def test_request_shows_memories_question_and_question_date():
     assert "Question: When did Alice adopt Biscuit?" in user
     assert "Question date: 2023-06-20 (Tuesday)" in user
     assert request.output_schema is AnswerDraft
-    assert request.prompt_version == "answer/v2"
+    assert request.prompt_version == "answer/v3"
     assert request.max_new_tokens == ANSWER_MAX_NEW_TOKENS and request.enable_thinking is False
     assert "I don't know" in request.messages[0].content
 
@@ -120,7 +123,7 @@ def test_citations_resolve_to_memories_and_unknown_ones_are_dropped_and_counted(
     assert answer.cited_turn_ids == ["s1:4", "s1:6", "s2:1"]
     assert answer.context_text == context.text
     assert (answer.prompt_tokens, answer.completion_tokens) == (321, 12)
-    assert answer.prompt_version == "answer/v2"
+    assert answer.prompt_version == "answer/v3"
     # Exactly one LLM call, filed under the namespace for the call cache.
     assert len(llm.batches) == 1 and len(llm.batches[0]) == 1
     assert llm.batches[0][0].tag == "alice"
@@ -183,6 +186,64 @@ def test_an_unreachable_backend_gives_an_answer_with_the_error():
     assert answer.answer == "" and "connection refused" in answer.error
 
 
+# --------------------------------------------------------------------------- text mode
+
+
+def test_text_requests_ask_for_plain_text_with_their_own_prompt():
+    context = format_context(search_result())
+    request = build_answer_request("How long was Bob's 10K?", context, QUESTION_DATE, enable_thinking=False, mode="text")
+    assert request.output_schema is None and request.prompt_version == "answer-text/v1"
+    assert request.max_new_tokens == ANSWER_TEXT_MAX_NEW_TOKENS
+    user = request.messages[-1].content
+    assert context.text in user and "Question: How long was Bob's 10K?" in user and "2023-06-20" in user
+    assert "JSON" not in request.messages[0].content + user
+    thinking = build_answer_request("How long?", context, None, enable_thinking=True, mode="text")
+    assert thinking.max_new_tokens is None
+
+
+def test_text_answers_need_a_citer():
+    with pytest.raises(ValueError, match="TextCiter"):
+        answer_many(ScriptedLLM("52 minutes"), ["How long was Bob's 10K?"], [search_result()], mode="text")
+
+
+def _citer(minilm, **settings) -> TextCiter:
+    return TextCiter.from_config(AnsweringConfig(mode="text", **settings), minilm.embed)
+
+
+@pytest.mark.slow
+def test_a_text_answer_cites_the_memories_it_aligns_to(minilm):
+    result = search_result()
+    llm = ScriptedLLM("Answer: 52 minutes\nBob said so after the race.")
+    answer = answer_from_context(llm, "How long did Bob take to run the Riverside 10K?", result, mode="text", citer=_citer(minilm))
+    # The first line, without the label; no schema was asked for.
+    assert answer.answer == "52 minutes" and answer.mode == "text" and answer.error is None
+    assert llm.batches[0][0].output_schema is None and answer.prompt_version == "answer-text/v1"
+    # Only the race episode holds the question's words and the answer; the others score < 0.6.
+    assert answer.citations == ["E1"] and [m.id for m in answer.cited] == [10]
+    assert answer.cited_turn_ids == ["s1:1"] and answer.invalid_citations == []
+
+
+@pytest.mark.slow
+def test_text_citations_are_bounded_and_an_abstention_cites_nothing(minilm):
+    result = search_result()
+    question = "What is the name of the beagle puppy Alice adopted?"
+    # With no score threshold every memory qualifies: the bound alone decides how many are cited,
+    # and bounded to one, the best is kept (the adoption tuple holds 6 of the 7 query stems).
+    wide = answer_from_context(ScriptedLLM("Biscuit"), question, result, mode="text", citer=_citer(minilm, cite_min_score=0.0))
+    narrow = answer_from_context(
+        ScriptedLLM("Biscuit"), question, result, mode="text", citer=_citer(minilm, cite_min_score=0.0, cite_max_memories=1)
+    )
+    assert len(wide.cited_memory_ids) == 3 and 20 in wide.cited_memory_ids
+    assert narrow.cited_memory_ids == [20] and narrow.citations == ["T1"]
+    for reply in ("I don't know.", "i do not know"):
+        abstained = answer_from_context(ScriptedLLM(reply), question, result, mode="text", citer=_citer(minilm))
+        assert abstained.answer == reply and abstained.citations == [] and abstained.error is None
+    empty = answer_from_context(ScriptedLLM("\n  \n"), question, result, mode="text", citer=_citer(minilm))
+    assert empty.answer == "" and empty.error == "the reply holds no answer"
+    failed = answer_from_context(ScriptedLLM(LLMResult(error="timed out")), question, result, mode="text", citer=_citer(minilm))
+    assert failed.answer == "" and failed.error == "timed out" and failed.citations == []
+
+
 # --------------------------------------------------------------------------- SmolLM2 (real model)
 
 
@@ -202,3 +263,26 @@ def test_smollm2_answers_with_valid_citations_only(smollm2):
     for raw in answer.invalid_citations:
         assert raw.strip().strip("[]").strip().upper() not in shown
     assert answer.prompt_tokens > 0 and answer.completion_tokens > 0 and answer.latency_s > 0
+
+
+@pytest.mark.slow
+def test_smollm2_answers_in_text_from_memories_and_their_turns(tmp_path, smollm2, minilm):
+    """The library's answer path as the config sets it: text mode, evidence turns, a budget."""
+    from hybridmem_local.memory import HybridMemory
+    from hybridmem_local.schema import Session, Turn
+    from tests.factories import BASE_DATE, make_episode
+
+    session = Session(session_id="s1", namespace="bob", started_at=BASE_DATE, turns=[
+        Turn(turn_id="s1:0", speaker="Alice", text="How did the Riverside 10K go?"),
+        Turn(turn_id="s1:1", speaker="Bob", text="Great, I finished in 52 minutes!"),
+    ])
+    config = load_config(overrides={"answering.mode": "text", "answering.evidence_turns": True, "retrieval.context_budget": 512})
+    with HybridMemory.open(tmp_path / "m.db", config, embedder=minilm, llm=smollm2) as memory:
+        memory.ingest([session], curate=False)
+        memory.add_memories("bob", episodes=[make_episode("Riverside 10K", "Bob ran the Riverside 10K.", ["s1:1"])])
+        [answer] = memory.answer_many(["How long did Bob need for the Riverside 10K?"], namespace="bob")
+    print(f"\nSmolLM2 text answer: {answer.answer!r}, citations {answer.citations}")
+    assert answer.mode == "text" and answer.prompt_version == "answer-text/v1" and answer.error is None
+    assert "Bob: Great, I finished in 52 minutes!" in answer.context_text  # the memory's turn, shown
+    assert set(answer.citations) <= {"E1"} and answer.invalid_citations == []
+    assert answer.completion_tokens <= ANSWER_TEXT_MAX_NEW_TOKENS

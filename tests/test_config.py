@@ -37,6 +37,15 @@ def test_paper_values_are_the_defaults():
     assert config.consolidation.every_n_sessions == 10
 
 
+def test_paper_yaml_is_the_papers_selection_and_nothing_else():
+    paper, default = load_config(CONFIGS / "paper.yaml"), Config()
+    retrieval = paper.retrieval
+    assert (retrieval.mode, retrieval.sources, retrieval.context_budget) == ("dense", ["episodes", "tuples"], None)
+    # The library default fuses memories with evidence windows into a budget instead.
+    assert "windows" in default.retrieval.sources and default.retrieval.context_budget is not None
+    assert paper.model_copy(update={"retrieval": default.retrieval}) == default
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
 def test_every_shipped_config_validates(name):
     load_config(CONFIGS / name)
@@ -49,6 +58,11 @@ def test_every_shipped_config_validates(name):
         ("retrieval:\n  k: 0\n", "retrieval.k"),
         ("llm:\n  backend: gpt5\n", "llm.backend"),
         ("consolidation:\n  hdbscan:\n    min_cluster_size: one\n", "min_cluster_size"),
+        ("answering:\n  mode: yaml\n", "answering.mode"),
+        ("answering:\n  evidence_turns: sometimes\n", "answering.evidence_turns"),
+        ("answering:\n  cite_max_memories: 0\n", "answering.cite_max_memories"),
+        ("answering:\n  cite_min_score: 1.5\n", "answering.cite_min_score"),
+        ("answering:\n  evidence: true\n", "answering.evidence"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("retrieval: [\n", "cannot read config"),
     ],

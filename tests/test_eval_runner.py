@@ -84,6 +84,22 @@ def _full_context(conversation: EvalConversation, limit: int) -> FullContextSyst
     return system
 
 
+def test_max_sessions_leaves_out_questions_about_later_sessions(locomo_path, tmp_path):
+    from hybridmem_local.eval.benchmarks import load_benchmark
+
+    whole = load_benchmark(_options(locomo_path, tmp_path, limit=None, max_sessions=None)).conversations[0]
+    loaded = load_benchmark(_options(locomo_path, tmp_path, limit=None, max_sessions=2))
+    [trimmed] = loaded.conversations
+    stored = {t.turn_id for s in whole.sessions[:2] for t in s.turns}
+    answerable = [q.question_id for q in whole.questions if set(q.evidence) <= stored]
+    assert [q.question_id for q in trimmed.questions] == answerable
+    assert 0 < len(answerable) < len(whole.questions)
+    assert loaded.counts["questions_beyond_max_sessions"] == len(whole.questions) - len(answerable)
+    # --limit then takes the first answerable questions, not the first of the file.
+    limited = load_benchmark(_options(locomo_path, tmp_path, limit=2, max_sessions=2)).conversations[0]
+    assert [q.question_id for q in limited.questions] == answerable[:2]
+
+
 def test_full_context_shows_every_turn_under_session_dates_when_it_fits():
     conversation = _conversation()
     context = _full_context(conversation, limit=10_000).context(conversation.questions[0])
@@ -259,6 +275,7 @@ def test_a_run_writes_predictions_summary_plots_and_manifest(first_run, e2e_conf
         assert record["gold"] and record["prediction"] is not None
         assert (record["verdict"] is None) == (record["judge_error"] is not None)
         assert record["prompt_tokens"] > record["context_tokens"] > 0
+        assert (record["answer_mode"], record["evidence_turns"]) == ("text", True)  # the answering defaults
         if record["system"] != "full-context":
             # Evidence recall is read from the provenance of what was shown.
             shown = {t for item in record["retrieved"] if item["shown"] for t in item["turn_ids"]}
@@ -268,8 +285,13 @@ def test_a_run_writes_predictions_summary_plots_and_manifest(first_run, e2e_conf
     with sqlite3.connect(out / "stores" / "conv-26.db") as db:
         failed = db.execute("SELECT count(*) FROM sessions WHERE curation_status = 'curation_failed'").fetchone()[0]
         memories = {row[0] for row in db.execute("SELECT id FROM memories")}
-    hybrid_items = {i["id"] for r in records if r["system"] == "hybrid" for i in r["retrieved"]}
-    assert hybrid_items <= memories and bool(hybrid_items) == bool(memories)
+        turns = {row[0] for row in db.execute("SELECT turn_id FROM turns")}
+    hybrid = [i for r in records if r["system"] == "hybrid" for i in r["retrieved"]]
+    hybrid_memories = {i["id"] for i in hybrid if i["store"] != "windows"}
+    assert hybrid_memories <= memories and bool(hybrid_memories) == bool(memories)
+    # The default also searches raw-turn windows: they come from the stored turns, curated or not.
+    windows = [i for i in hybrid if i["store"] == "windows"]
+    assert windows and all(set(i["turn_ids"]) <= turns for i in windows)
 
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["systems"]) == systems
@@ -362,6 +384,27 @@ def test_retrieval_only_reuses_curated_stores_without_any_llm_call(first_run, e2
         assert overall["evidence_recall"] == pytest.approx(
             sum(r["metrics"]["evidence_recall"] for r in mine) / len(mine)
         )
+
+
+@pytest.mark.slow
+def test_the_answering_switches_flow_into_the_records(first_run, e2e_config, locomo_path, tmp_path):
+    from hybridmem_local.eval.runner import run_evaluation
+
+    records = {}
+    for mode, evidence_turns in (("json", False), ("text", True)):
+        out = tmp_path / mode
+        config = load_config(e2e_config, {"answering.mode": mode, "answering.evidence_turns": evidence_turns})
+        run_evaluation(_options(locomo_path, out, systems=["hybrid"], stores=first_run / "stores"), config)
+        records[mode] = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+        assert json.loads((out / "manifest.json").read_text())["config"]["answering"]["mode"] == mode
+        assert len(records[mode]) == 3
+        for record in records[mode]:
+            assert (record["answer_mode"], record["evidence_turns"]) == (mode, evidence_turns)
+            # Citations resolve to memories shown (text mode derives them from exactly those).
+            shown = {i["id"] for i in record["retrieved"] if i["shown"] and i["store"] != "windows"}
+            assert set(record["cited_memory_ids"]) <= shown
+    # Another answering config is another run: the keys differ, nothing is reused between them.
+    assert {r["run_key"] for r in records["json"]}.isdisjoint(r["run_key"] for r in records["text"])
 
 
 def _longmemeval_file(path: Path) -> Path:

@@ -77,9 +77,13 @@ def test_documents_added_and_removed_one_by_one_score_as_a_fresh_build(tmp_path)
     rng = random.Random(3)
     words = [f"w{i}" for i in range(40)] + ["kayak", "Lima", "violin"]
     docs = {i: " ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) for i in range(1, 300)}
+    queries = ("kayak Lima", "w1 w1 w2", "violin w30", "w7")
     index = build(tmp_path, docs)
+    # Searching between the changes fills the per-query state they must drop.
+    [index.search(query, 25) for query in queries]
     gone = sorted(docs)[::5]
     index.remove(gone)
+    [index.search(query, 25) for query in queries]
     added = {1000 + i: " ".join(rng.choice(words) for _ in range(8)) for i in range(40)}
     index.add(np.array(sorted(added)), [added[i] for i in sorted(added)])
     current = {**{i: t for i, t in docs.items() if i not in gone}, **added}
@@ -87,7 +91,7 @@ def test_documents_added_and_removed_one_by_one_score_as_a_fresh_build(tmp_path)
     index.save()
     reloaded = LexicalIndex(tmp_path / "ns", "tuple", "test")
     assert reloaded.sync(np.array(sorted(current)), lambda ids: pytest.fail("should load, not rebuild")).added == 0
-    for query in ("kayak Lima", "w1 w1 w2", "violin w30", "w7"):
+    for query in queries:
         expected = fresh.search(query, 25)
         for candidate in (index, reloaded):
             got = candidate.search(query, 25)

@@ -7,6 +7,7 @@ from datetime import date
 
 import pytest
 
+from hybridmem_local.config import load_config
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import MemoryStatus
 from hybridmem_local.store import NotFoundError
@@ -263,7 +264,8 @@ def test_answer_many_retrieves_per_question_and_answers_in_one_batch(tmp_path, m
     llm = ScriptedLLM(lambda request: json.dumps({
         "answer": "tea" if "What does Alice drink?" in request.messages[-1].content else "Rome", "cited_memory_ids": ["T1"],
     }))
-    with HybridMemory.open(tmp_path / "m.db", embedder=minilm, llm=llm) as mem:
+    # The scripted model writes the JSON answer schema.
+    with HybridMemory.open(tmp_path / "m.db", load_config(overrides={"answering.mode": "json"}), embedder=minilm, llm=llm) as mem:
         mem.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Rome"), make_tuple("Alice", "drinks", "tea")])
         answers = mem.answer_many(["Where does Alice live?", "What does Alice drink?"], namespace="alice")
     assert [a.answer for a in answers] == ["Rome", "tea"]

@@ -122,6 +122,18 @@ def test_windows_with_memories(window_memory):
     assert {"s1:2"} | {t for h in result.windows for t in h.window.turn_ids} == result.provenance()
 
 
+def test_search_is_top_k_and_an_answer_cuts_its_budget_from_every_candidate(window_memory):
+    mem, default = window_memory, RetrievalConfig()
+    assert default.context_budget and default.sources == ["episodes", "tuples", "windows"]
+    mem.config.retrieval.sources, mem.config.retrieval.context_budget = default.sources, default.context_budget
+    mem.add_memories("alice", tuples=[make_tuple("Ann", "visited", f"Lima #{i}", ["s1:2"]) for i in range(8)])
+    shown = mem.search("Lima", namespace="alice", k=2)
+    assert (len(shown.tuples), len(shown.windows)) == (4, 2)
+    candidates = mem.answer_search("Lima", namespace="alice", k=2)
+    assert (len(candidates.tuples), len(candidates.windows)) == (8, 4)  # everything stored
+    assert [h.memory.id for h in candidates.tuples[:4]] == [h.memory.id for h in shown.tuples]
+
+
 # ----------------------------------------------------------------------------- context assembly
 
 

@@ -34,12 +34,22 @@ def load_benchmark(options: RunOptions) -> LoadedBenchmark:
             raise DatasetError(f"{options.data}: no conversation {unknown} (the file has {sample}...)")
         wanted = set(options.conversations)
         conversations = [c for c in conversations if c.conversation_id in wanted]
+    beyond_max_sessions = 0
+    if options.max_sessions:
+        # A question whose evidence lies in a session that is not ingested cannot be answered
+        # from memory: it is left out (and counted) before --limit picks the first questions.
+        trimmed = []
+        for c in conversations:
+            sessions = c.sessions[: options.max_sessions]
+            stored = {t.turn_id for s in sessions for t in s.turns}
+            questions = [q for q in c.questions if set(q.evidence) <= stored]
+            beyond_max_sessions += len(c.questions) - len(questions)
+            trimmed.append(c.model_copy(update={"sessions": sessions, "questions": questions}))
+        conversations = trimmed
     if options.benchmark == "longmemeval" and options.limit:
         conversations = conversations[: options.limit]
     elif options.limit:
         conversations = [c.model_copy(update={"questions": c.questions[: options.limit]}) for c in conversations]
-    if options.max_sessions:
-        conversations = [c.model_copy(update={"sessions": c.sessions[: options.max_sessions]}) for c in conversations]
     selected = {q.question_id for c in conversations for q in c.questions}
     if options.benchmark == "locomo":
         issues = [i for i in dataset.evidence_issues if i.question_id in selected]
@@ -54,6 +64,7 @@ def load_benchmark(options: RunOptions) -> LoadedBenchmark:
             "empty_turns_skipped_in_file": dataset.empty_turns_skipped,
             "duplicate_sessions_skipped_in_file": dataset.duplicate_sessions_skipped,
         }
+    counts["questions_beyond_max_sessions"] = beyond_max_sessions
     counts["questions_without_evidence"] = sum(1 for c in conversations for q in c.questions if not q.evidence)
     return LoadedBenchmark(conversations=conversations, counts=counts)
 

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -45,6 +45,11 @@ class QuestionRecord(StrictModel):
     evidence: list[str]
     #: None with ``--retrieval-only``.
     prediction: str | None = None
+    #: ``answering.mode`` the answer was asked in (None with ``--retrieval-only``); in text mode
+    #: ``cited`` holds the short ids derived by alignment, not ids the model wrote.
+    answer_mode: Literal["json", "text"] | None = None
+    #: ``answering.evidence_turns``: the context showed the memories' source turns.
+    evidence_turns: bool = False
     answer_error: str | None = None
     cited: list[str] = Field(default_factory=list)
     cited_memory_ids: list[int] = Field(default_factory=list)

@@ -12,8 +12,8 @@ For each conversation (a LoCoMo sample, a LongMemEval instance):
    works on a copy consolidated after ingest (``STORES/<namespace>.consolidated-mcsN.db``,
    one per min_cluster_size), so curation runs once per conversation.
 2. **Questions**, per system, in batches of ``batch_size``: the system builds each context
-   (``systems.py``), one batched LLM call answers them all (``answering.answer_many``, JSON
-   constrained), one batched call judges them (``eval/judge.py``), and the metrics are
+   (``systems.py``), one batched LLM call answers them all (``answering.answer_many``, in
+   ``answering.mode``), one batched call judges them (``eval/judge.py``), and the metrics are
    computed (``records.py``). Each batch is appended to ``predictions.jsonl`` as soon as it
    is done. Options live in ``options.py``, LLM accounting in ``accounting.py``.
 3. **Report**: ``summary.json``, ``summary.md``, ``summary.csv``, plots and ``manifest.json``
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hybridmem_local.answering import Answer, answer_many, build_answer_request
+from hybridmem_local.answering import Answer, TextCiter, answer_many, build_answer_request
 from hybridmem_local.config import Config
 from hybridmem_local.context import RenderedContext
 from hybridmem_local.curation import TEMPLATE_ALLOWANCE_TOKENS
@@ -389,7 +389,8 @@ class _Run:
         """Tokens left for the context once the answer prompt, question and reply fit."""
         llm_config = self.config.llm
         request = build_answer_request(
-            question.question, RenderedContext(text="", short_ids={}), question.question_date, llm_config.enable_thinking
+            question.question, RenderedContext(text="", short_ids={}), question.question_date, llm_config.enable_thinking,
+            self.config.answering.mode,
         )
         count = self.models.answer.count_tokens
         overhead = sum(count(m.content) for m in request.messages) + TEMPLATE_ALLOWANCE_TOKENS
@@ -430,10 +431,12 @@ class _Run:
                     answers = answer_many(
                         answer_llm,
                         [q.question for q in batch],
-                        [RenderedContext(text=c.text, short_ids=c.short_ids) for c in contexts],
+                        [RenderedContext(text=c.text, short_ids=c.short_ids, memory_texts=c.memory_texts) for c in contexts],
                         [q.question_date for q in batch],
                         enable_thinking=self.config.llm.enable_thinking,
                         tag=conversation.namespace,
+                        mode=self.config.answering.mode,
+                        citer=self._citer(),
                     )
                     answering.wall_s += time.perf_counter() - began
                     answering.units += len(batch)
@@ -457,6 +460,10 @@ class _Run:
             f"{retrieval.wall_s + answering.wall_s + judging.wall_s:.0f}s)"
         )
         return len(pending)
+
+    def _citer(self) -> TextCiter | None:
+        answering = self.config.answering
+        return TextCiter.from_config(answering, self.embedder.embed) if answering.mode == "text" else None
 
     def _judge(
         self, llm: StructuredLLM, namespace: str, batch: list[EvalQuestion], predictions: list[str]
@@ -504,6 +511,8 @@ class _Run:
             adversarial_answer=question.adversarial_answer,
             evidence=question.evidence,
             prediction=prediction,
+            answer_mode=None if answer is None else answer.mode,
+            evidence_turns=self.config.answering.evidence_turns,
             answer_error=None if answer is None else answer.error,
             cited=[] if answer is None else answer.citations,
             cited_memory_ids=[] if answer is None else answer.cited_memory_ids,

@@ -37,6 +37,8 @@ from pydantic import AwareDatetime, Field
 from hybridmem_local.config import Config, RetrievalConfig
 from hybridmem_local.retrieval import Retriever, format_context
 from hybridmem_local.schema import Provenance, SearchResult, Session, StrictModel, turn_line
+from hybridmem_local.store import MemoryStore
+from hybridmem_local.windows import with_source_turns
 
 if TYPE_CHECKING:
     from hybridmem_local.memory import HybridMemory
@@ -114,6 +116,8 @@ class SystemContext(StrictModel):
     truncated: bool = False
     #: Short ids of the rendered block ("E1", "T3") → memory ids, for resolving citations.
     short_ids: dict[str, int] = Field(default_factory=dict)
+    #: Short id → the memory as shown, which text-mode answers are aligned to (answering.TextCiter).
+    memory_texts: dict[str, str] = Field(default_factory=dict)
 
 
 @dataclass
@@ -155,10 +159,12 @@ class RetrievalSystem:
         self.retrieval: RetrievalConfig = retrieval.model_copy(update=update)
         self.budget: int | None = self.retrieval.context_budget
         self._retriever: Retriever | None = None
+        self._store: MemoryStore | None = None
         self._namespace = ""
 
     def prepare(self, conversation: EvalConversation, memory: HybridMemory) -> None:
         self._namespace = conversation.namespace
+        self._store = memory.store
         self._retriever = Retriever(memory.store, memory.indexes, self.retrieval)
 
     def _limits(self) -> dict[str, int]:
@@ -171,8 +177,11 @@ class RetrievalSystem:
         shown_limits = self._limits()
         depth = max(self.settings.k, self.settings.recall_depth)
         result = self._retriever.search(
-            question.question, self._namespace, depth, self.retrieval.tuple_multiplier * depth, depth
+            question.question, self._namespace, depth, self.retrieval.tuple_multiplier * depth, depth,
+            candidates=self.budget is not None,
         )
+        if self.settings.config.answering.evidence_turns:
+            result = with_source_turns(self._store, result)
         fixed = self.budget is None
         selected = _cut(result, shown_limits) if fixed else result
         limit = self.settings.context_limit(question)
@@ -198,6 +207,7 @@ class RetrievalSystem:
             tokens=rendered.tokens or 0,
             truncated=truncated,
             short_ids=rendered.short_ids,
+            memory_texts=rendered.memory_texts,
         )
 
 

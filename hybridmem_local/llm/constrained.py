@@ -1,8 +1,16 @@
-"""JSON-constrained decoding with Outlines, shared by the in-process backends (llama.cpp, transformers)."""
+"""JSON-constrained decoding with Outlines, shared by the in-process backends (llama.cpp, transformers).
+
+Outlines' llguidance backend does the constraining: it walks the schema's grammar lazily, per
+token, so a schema costs ~1 ms and a few MB whatever its caps. Outlines' default backend
+(outlines_core) compiles a schema into a token-level automaton up front instead, with a state
+per character of every bounded string and maxItems unrolled: the curation reply's took 4.3 GB
+and 65 s for SmolLM2's vocabulary, growing linearly with the caps.
+"""
 
 from __future__ import annotations
 
 import json
+import warnings
 
 from pydantic import BaseModel
 
@@ -12,31 +20,45 @@ from hybridmem_local.llm.replies import schema_json
 #: whitespace can loop on newlines until max_new_tokens.
 JSON_WHITESPACE = r"[ ]?"
 
-#: (model file, schema JSON) → processor, for the whole process: building a schema's index is
-#: the expensive part of constraining (the curation reply's takes ~90 s and ~4 GB resident for
-#: SmolLM2's vocabulary), and every backend instance of one model file (the eval runner's, the
-#: store's, a test's) can use the same one.
-_BUILT: dict[tuple[str, str], object] = {}
-
 
 class OutlinesProcessors:
-    """The JSON-schema logits processors of one model file, built once per schema and process.
+    """The JSON-schema logits processors of one loaded model, built once per schema.
 
     A processor carries the state of the request it is constraining (``reset`` before each),
-    so the instances of one model file must not generate at the same time; the backends run
-    one call at a time (the service serialises its one LLM).
+    so one backend must not generate twice at the same time; the backends run one call at a
+    time (the service serialises its one LLM). Processors live with their backend: the llama.cpp
+    tokenizer llguidance builds points into that model's vocabulary.
     """
 
-    def __init__(self, outlines_model: object, model_file: str):
-        self.outlines_model = outlines_model
-        self.model_file = model_file
+    def __init__(self, outlines_model: object):
+        from outlines.backends import LLGuidanceBackend
+
+        # Converts the vocabulary once (~0.3 s for SmolLM2); each schema then costs ~1 ms. The
+        # llama.cpp conversion calls a deprecated llama.cpp function once per token.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._backend = LLGuidanceBackend(outlines_model)
+        self._built: dict[str, object] = {}
 
     def get(self, schema: type[BaseModel]):
-        from outlines.backends import get_json_schema_logits_processor
+        key = json.dumps(schema_json(schema))
+        if key not in self._built:
+            # llguidance reads its JSON options from the schema (Outlines' whitespace_pattern
+            # argument is for outlines_core only).
+            grammar = {**_closed(json.loads(key)), "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+            self._built[key] = self._backend.get_json_schema_logits_processor(json.dumps(grammar))
+        return self._built[key]
 
-        key = (self.model_file, json.dumps(schema_json(schema)))
-        if key not in _BUILT:
-            _BUILT[key] = get_json_schema_logits_processor(
-                None, self.outlines_model, key[1], whitespace_pattern=JSON_WHITESPACE
-            )
-        return _BUILT[key]
+
+def _closed(node):
+    """``node`` with every object limited to its declared properties. llguidance follows JSON
+    Schema, where unlisted properties are allowed, and a small model then invents keys (a
+    random one loops on them until max_new_tokens); outlines_core wrote only declared ones."""
+    if isinstance(node, list):
+        return [_closed(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    closed = {key: _closed(value) for key, value in node.items()}
+    if closed.get("type") == "object" and "properties" in closed:
+        closed.setdefault("additionalProperties", False)
+    return closed

@@ -54,7 +54,7 @@ class LlamaCppLLM(ChatBackend):
             seed=config.seed,
             verbose=False,
         )
-        self._processors = OutlinesProcessors(outlines.from_llamacpp(self._llama), f"llamacpp:{gguf.resolve()}")
+        self._processors = OutlinesProcessors(outlines.from_llamacpp(self._llama))
 
     def _complete(self, requests: list[LLMRequest]) -> list[Completion]:
         return [self._complete_one(request) for request in requests]

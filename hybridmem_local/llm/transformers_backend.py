@@ -48,9 +48,7 @@ class TransformersLLM(ChatBackend):
         self._model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **load_args)
         self._model.eval()
         # Also sets left padding and a pad token, which batched generation needs.
-        self._processors = OutlinesProcessors(
-            outlines.from_transformers(self._model, self._tokenizer), f"transformers:{Path(folder).resolve()}:{gguf_file or ''}"
-        )
+        self._processors = OutlinesProcessors(outlines.from_transformers(self._model, self._tokenizer))
         eos = self._model.generation_config.eos_token_id
         if eos is None:
             eos = self._tokenizer.eos_token_id

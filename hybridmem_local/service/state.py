@@ -253,17 +253,14 @@ class ServiceState:
         timeout_s = self.config.service.ask_timeout_s
         deadline = time.monotonic() + timeout_s
         with self.memory() as memory:
-            result = memory.search(question, namespace=namespace, k=k)
+            result = memory.answer_search(question, namespace=namespace, k=k)
+            options = memory.answer_options()
         if self._ask_pool is None:
             raise RuntimeError("the service state is not open")
 
         def call_llm() -> Answer:
             with self.llm.held(deadline - time.monotonic()) as llm:
-                return answer_from_context(
-                    llm, question, result, question_date,
-                    enable_thinking=self.config.llm.enable_thinking,
-                    context_budget=self.config.retrieval.context_budget,
-                )
+                return answer_from_context(llm, question, result, question_date, **options)
 
         # In a thread of its own, so the caller gets its 504 on time even when the model is
         # mid-generation (which cannot be interrupted; its late answer is dropped).

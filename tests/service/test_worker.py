@@ -48,7 +48,7 @@ def answer_or_curate(curate: Callable[[dict], object]) -> Callable[[dict, int], 
 
 def config_for(server: ChatServer, **extra) -> Config:
     return load_config(None, server.overrides(**{
-        "llm.max_retries": 0, "curation.retry_rounds": 0, "consolidation.every_n_sessions": 0,
+        "answering.mode": "json", "llm.max_retries": 0, "curation.retry_rounds": 0, "consolidation.every_n_sessions": 0,
         "service.worker_poll_s": 0.1, **extra,
     }))
 
