@@ -146,6 +146,11 @@ class TextCiter:
         return cited
 
 
+def citer_for(config: AnsweringConfig, embed: Embed) -> TextCiter | None:
+    """The citer ``answering.mode`` needs: a :class:`TextCiter` for text answers, None for JSON."""
+    return TextCiter.from_config(config, embed) if config.mode == "text" else None
+
+
 def build_answer_request(
     question: str,
     context: RenderedContext,

@@ -656,14 +656,14 @@ class HybridMemory:
 
     def answer_options(self) -> dict[str, Any]:
         """The keyword arguments of ``answering.answer_many`` / ``answer_from_context`` this config sets."""
-        from hybridmem_local.answering import TextCiter
+        from hybridmem_local.answering import citer_for
 
         answering = self.config.answering
         return {
             "enable_thinking": self.config.llm.enable_thinking,
             "context_budget": self.config.retrieval.context_budget,
             "mode": answering.mode,
-            "citer": TextCiter.from_config(answering, self.embedder.embed) if answering.mode == "text" else None,
+            "citer": citer_for(answering, self.embedder.embed),
         }
 
     def get(self, memory_id: int) -> Episode | RelationalTuple:

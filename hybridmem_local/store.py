@@ -229,6 +229,13 @@ def _owner_only(path: Path) -> None:
             os.chmod(candidate, 0o600)
 
 
+#: A namespace's turns with their session id and start (``turn_rows``, ``turn_rows_by_id``).
+_TURN_ROWS = (
+    "SELECT t.id, t.position, t.turn_id, t.speaker, t.text, t.image_caption, s.session_id, s.started_at "
+    "FROM turns t JOIN sessions s ON s.id = t.session_pk WHERE t.namespace = ?"
+)
+
+
 class MemoryStore:
     """Typed access to one SQLite database file (``":memory:"`` works for throwaway use)."""
 
@@ -522,9 +529,7 @@ class MemoryStore:
     def turn_rows(self, namespace: str) -> list[sqlite3.Row]:
         """Every turn of a namespace with its session id and start, sessions in chronological order."""
         return self.conn.execute(
-            "SELECT t.id, t.position, t.turn_id, t.speaker, t.text, t.image_caption, s.session_id, s.started_at "
-            "FROM turns t JOIN sessions s ON s.id = t.session_pk WHERE t.namespace = ? "
-            "ORDER BY s.started_at, s.id, t.position",
+            f"{_TURN_ROWS} ORDER BY s.started_at, s.id, t.position",
             (namespace,),
         ).fetchall()
 
@@ -533,9 +538,7 @@ class MemoryStore:
         rows: list[sqlite3.Row] = []
         for chunk in _chunks(list(dict.fromkeys(turn_ids))):
             rows += self.conn.execute(
-                "SELECT t.id, t.position, t.turn_id, t.speaker, t.text, t.image_caption, s.session_id, s.started_at "
-                "FROM turns t JOIN sessions s ON s.id = t.session_pk WHERE t.namespace = ? "
-                f"AND t.turn_id IN ({','.join('?' * len(chunk))})",
+                f"{_TURN_ROWS} AND t.turn_id IN ({','.join('?' * len(chunk))})",
                 (namespace, *chunk),
             ).fetchall()
         return rows

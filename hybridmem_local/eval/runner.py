@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hybridmem_local.answering import Answer, TextCiter, answer_many, build_answer_request
+from hybridmem_local.answering import Answer, answer_many, build_answer_request, citer_for
 from hybridmem_local.config import Config
 from hybridmem_local.context import RenderedContext
 from hybridmem_local.curation import TEMPLATE_ALLOWANCE_TOKENS
@@ -436,7 +436,7 @@ class _Run:
                         enable_thinking=self.config.llm.enable_thinking,
                         tag=conversation.namespace,
                         mode=self.config.answering.mode,
-                        citer=self._citer(),
+                        citer=citer_for(self.config.answering, self.embedder.embed),
                     )
                     answering.wall_s += time.perf_counter() - began
                     answering.units += len(batch)
@@ -460,10 +460,6 @@ class _Run:
             f"{retrieval.wall_s + answering.wall_s + judging.wall_s:.0f}s)"
         )
         return len(pending)
-
-    def _citer(self) -> TextCiter | None:
-        answering = self.config.answering
-        return TextCiter.from_config(answering, self.embedder.embed) if answering.mode == "text" else None
 
     def _judge(
         self, llm: StructuredLLM, namespace: str, batch: list[EvalQuestion], predictions: list[str]
