@@ -42,7 +42,10 @@ ANSWER_TEXT_MAX_NEW_TOKENS = 48
 AnswerMode = Literal["json", "text"]
 _PROMPTS: dict[str, str] = {"json": "answer", "text": "answer_text"}
 _ABSTAINS = re.compile(r"^\W*i (don'?t|do not) know\b", re.IGNORECASE)
-_ANSWER_LABEL = re.compile(r"^\W*answer\s*:\s*", re.IGNORECASE)
+#: A label a small model writes before its answer: "Answer:", "The answer is:", or a speaker
+#: name copied from the transcript ("Jon:"); token F1 counts each of its words as wrong.
+_ANSWER_LABEL = re.compile(r"^\W*(?:(?i:(?:the )?answer(?: is)?)|(?!(?:Yes|No)\b)[A-Z][\w'-]*(?: [A-Z][\w'-]*){0,2})\s*:(?:\s+|$)")
+_LIST_MARKER = re.compile(r"^(?:[-*\u2022]|\d+[.)])\s+")
 
 
 class AnswerDraft(BaseModel):
@@ -259,10 +262,21 @@ def _render(search_result: SearchResult, llm: StructuredLLM, context_budget: int
 
 
 def _text_answer(text: str) -> str:
-    """The answer of a plain-text reply: its first non-empty line, without the "Answer:" label
-    small models put before it (a word the gold answer lacks, which token F1 would count)."""
-    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return _ANSWER_LABEL.sub("", line).strip()
+    """The answer of a plain-text reply: its first non-empty line without the labels small
+    models put before it (repeated "Jon: Jon:" included) or a list marker; a line that only
+    announces a list ("The activities are:") is replaced by the list items, comma-joined."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if lines[0].endswith(":") and len(lines) > 1:
+        return ", ".join(_unlabelled(line) for line in lines[1:])
+    return _unlabelled(lines[0])
+
+
+def _unlabelled(line: str) -> str:
+    while (stripped := _LIST_MARKER.sub("", _ANSWER_LABEL.sub("", line, count=1)).strip()) != line:
+        line = stripped
+    return line
 
 
 def _answer(

@@ -50,7 +50,15 @@ from hybridmem_local.dates import annotate_relative_dates
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import PromptTemplate, load_prompt
 from hybridmem_local.provenance import Aligner, AlignmentSettings, Embed, memory_text
-from hybridmem_local.schema import CurationResult, EpisodeDraft, Session, Turn, TupleDraft, clean_cited_id
+from hybridmem_local.schema import (
+    TURN_REFERENCE,
+    CurationResult,
+    EpisodeDraft,
+    Session,
+    Turn,
+    TupleDraft,
+    clean_cited_id,
+)
 from hybridmem_local.usage import LLMUsage
 
 log = logging.getLogger(__name__)
@@ -71,9 +79,6 @@ _ISO_DATE = {"pattern": r"^\d{4}(-\d{2}(-\d{2})?)?$"}
 #: A memory cites a few turns; 40 characters fit LoCoMo ("D12:7") and LongMemEval
 #: ("answer_4be1b6b4_2:13") ids, and a longer one is dropped like any unknown id.
 _TURN_IDS = {"maxItems": 6, "items": {"type": "string", "maxLength": 40}}
-#: Turn-id references ("D3:1", "answer_4be1b6b4_2:13", runs such as "D3:1:1:1"; not a time such
-#: as "13:56"), which small models copy into text fields in place of content.
-_TURN_REFERENCE = re.compile(r"\b[^\W\d]\w*(?::\d+)+\b")
 _WORD = re.compile(r"[^\W_]+")
 #: A text of this many words or more that is mostly one phrase over and over is a decoding
 #: loop, not a memory (real details of ~100 words keep well over half their words distinct).
@@ -128,6 +133,11 @@ def reply_schema(max_episodes: int, max_tuples: int) -> type[CurationReply]:
     )
 
 
+#: The reply schema's own names, which small models under constrained decoding write as
+#: content (SmolLM2 stored episodes titled, summarised and detailed "EpisodeReply").
+_SCHEMA_NAMES = {model.__name__.lower() for model in (CurationReply, EpisodeReply, TupleReply)}
+
+
 # --------------------------------------------------------------------------- outcome
 
 
@@ -153,7 +163,7 @@ class CurationOutcome(BaseModel):
     aligned_memories: int = 0
     #: Timestamps that were not a real date and were replaced by the session date.
     timestamps_defaulted: int = 0
-    #: Memories left out for having no content (only turn ids, a decoding loop), with why.
+    #: Memories left out for having no content (only turn ids or schema names, a decoding loop), with why.
     dropped_memories: list[str] = Field(default_factory=list)
 
     @property
@@ -187,10 +197,13 @@ def normalise_timestamp(value: str, session_date: date) -> str | None:
 
 
 def content_problem(text: str) -> str | None:
-    """Why ``text`` carries no memory content (only turn-id references, or a decoding loop), or None."""
-    words = [w.lower() for w in _WORD.findall(_TURN_REFERENCE.sub(" ", text))]
+    """Why ``text`` carries no memory content (only turn-id references or the reply schema's
+    names, or a decoding loop), or None."""
+    words = [w.lower() for w in _WORD.findall(TURN_REFERENCE.sub(" ", text))]
     if not words:
-        return "only turn ids" if _TURN_REFERENCE.search(text) else "empty"
+        return "only turn ids" if TURN_REFERENCE.search(text) else "empty"
+    if set(words) <= _SCHEMA_NAMES:
+        return "only the reply schema's name"
     if len(words) >= _LOOP_MIN_WORDS and len(set(words)) / len(words) < _LOOP_MAX_DISTINCT_SHARE:
         return "a phrase repeated in a loop"
     return None

@@ -13,6 +13,10 @@ A repeat is
   carry the same numbers: MiniLM hardly sees them ("Bob ran the 10K in 52 minutes" and "... in
   61 minutes" have cosine 0.96; as tuples 0.995), and a number is often the whole fact.
 
+Both compare a memory's content without the turn ids and list numbers small models prefix to
+copies ("D1:36: VR gaming is awesome!" and "D1:37: VR gaming is awesome!"; "1. Use a pizza
+dough ..." and "2. Use a pizza dough ...", both written by SmolLM2 in LoCoMo sessions).
+
 Only memories that could be the same record are compared: those with the same timestamp, and
 those of the same session (a model restating a memory of the session under another date). The
 same text at two dates is two events ("went to the support group" in May and in July).
@@ -31,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.provenance import memory_text
 from hybridmem_local.schema import (
+    TURN_REFERENCE,
     Episode,
     EpisodeDraft,
     MemoryKind,
@@ -43,6 +48,7 @@ from hybridmem_local.store import MemoryStore
 Draft = EpisodeDraft | TupleDraft
 _NON_WORD = re.compile(r"[\W_]+")
 _NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
+_LIST_MARKER = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+", re.MULTILINE)
 
 #: Active memories of a kind that a new memory with this timestamp could repeat
 #: (``MemoryStore.duplicate_candidates`` with the namespace and session filled in).
@@ -51,15 +57,20 @@ Candidates = Callable[[MemoryKind, str], list[Episode | RelationalTuple]]
 Vectors = Callable[[Sequence[str]], np.ndarray]
 
 
+def compared_text(memory: Draft) -> str:
+    """A memory's content fields (not its timestamp or provenance) without turn-id references
+    and the list markers that start a field."""
+    return TURN_REFERENCE.sub(" ", _LIST_MARKER.sub("", memory_text(memory)))
+
+
 def content_key(memory: Draft) -> str:
-    """A memory's content fields (not its timestamp or provenance), lower-cased, with every run
-    of punctuation and spacing made one space."""
-    return _NON_WORD.sub(" ", memory_text(memory).lower()).strip()
+    """:func:`compared_text` lower-cased, with every run of punctuation and spacing made one space."""
+    return _NON_WORD.sub(" ", compared_text(memory).lower()).strip()
 
 
 def numbers(memory: Draft) -> set[str]:
-    """The numbers a memory's content fields carry (times, amounts, counts, dates in the text)."""
-    return set(_NUMBER.findall(memory_text(memory)))
+    """The numbers :func:`compared_text` carries (times, amounts, counts, dates in the text)."""
+    return set(_NUMBER.findall(compared_text(memory)))
 
 
 def kind_of(memory: Draft) -> MemoryKind:

@@ -100,15 +100,17 @@ class StoreIndexes:
                 raise
             log.warning("embedding cache not written (%s): %d texts will be embedded again next time", exc, len(texts))
 
-    def uncached(self, namespace: str, texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
-        """The texts the embedding cache lacks, and their vectors, not yet stored: a writer
-        embeds before its transaction (a failure there changes nothing) and stores them in it."""
+    def for_write(self, namespace: str, texts: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """What a writer needs of ``texts``: those the embedding cache lacks, their vectors (not
+        yet stored), and the vectors of all ``texts`` in order. A writer embeds before its
+        transaction (a failure there changes nothing) and stores the missing ones in it."""
         embedder = self._embedder()
         cached = self.store.get_embeddings(namespace, embedder.model_id, texts)
         missing = sorted({t for t in texts if text_hash(t) not in cached})
-        if not missing:
-            return [], np.zeros((0, embedder.dimension), dtype=np.float32)
-        return missing, embedder.embed(missing)
+        vectors = embedder.embed(missing) if missing else np.zeros((0, embedder.dimension), dtype=np.float32)
+        cached.update({text_hash(t): v for t, v in zip(missing, vectors)})
+        every = np.stack([cached[text_hash(t)] for t in texts]) if texts else np.zeros((0, embedder.dimension), dtype=np.float32)
+        return missing, vectors, every
 
     def embed_query(self, text: str) -> np.ndarray:
         return self._embedder().embed([text])[0]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
@@ -67,11 +68,18 @@ TOKENIZER = f"bm25s-{STOPWORDS}-stopwords+pystemmer-{STEMMER_LANGUAGE}"
 TextSource = Callable[[np.ndarray], Sequence[str]]
 
 
-@functools.cache
-def _stemmer():
-    import Stemmer
+_per_thread = threading.local()
 
-    return Stemmer.Stemmer(STEMMER_LANGUAGE)
+
+def _stemmer():
+    """This thread's stemmer: a Snowball stemmer keeps state between calls, and queries are
+    tokenized on retrieval's ranking threads."""
+    stemmer = getattr(_per_thread, "stemmer", None)
+    if stemmer is None:
+        import Stemmer
+
+        stemmer = _per_thread.stemmer = Stemmer.Stemmer(STEMMER_LANGUAGE)
+    return stemmer
 
 
 def tokenize(texts: Sequence[str]) -> list[list[str]]:

@@ -143,6 +143,7 @@ class HybridMemory:
 
     def close(self) -> None:
         self.flush()
+        self.retriever.close()
         if self._llm is not None and hasattr(self._llm, "close"):
             self._llm.close()
         self.store.close()
@@ -351,14 +352,12 @@ class HybridMemory:
             raise ValueError(f"session {session.session_id!r} belongs to namespace {session.namespace!r}, not {namespace!r}")
         self._check_provenance(namespace, memories, session)
         texts = [_as_stored(m, namespace).index_text() for m in memories]
-        missing, vectors = self.indexes.uncached(namespace, texts)
+        missing, vectors, every_vector = self.indexes.for_write(namespace, texts)
         source_session_id = session.session_id if session is not None else source_session_id
         plan = None
         if deduplicate:
-            fresh = dict(zip(missing, vectors))
-            cached = self.store.get_embeddings(namespace, self.embedder.model_id, texts)
             plan = plan_duplicates(
-                memories, [fresh[t] if t in fresh else cached[text_hash(t)] for t in texts],
+                memories, list(every_vector),
                 candidates=lambda kind, timestamp: self.store.duplicate_candidates(namespace, kind, timestamp, source_session_id),
                 vectors_of=lambda stored_texts: self.indexes.embed(namespace, stored_texts),
                 threshold=self.config.curation.duplicate_cosine,
@@ -428,7 +427,7 @@ class HybridMemory:
         """The one step behind ``update`` and a consolidation merge: each new record stored as the
         active successor of its sources (``MemoryStore.supersede``), embedded before the
         transaction (a failure there changes nothing). Joins the caller's transaction."""
-        missing, vectors = self.indexes.uncached(namespace, [new.index_text() for _, new in replacements])
+        missing, vectors, _ = self.indexes.for_write(namespace, [new.index_text() for _, new in replacements])
         with self.store.transaction():
             self.store.put_embeddings(namespace, self.embedder.model_id, missing, vectors)
             return [

@@ -43,6 +43,11 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
+#: Turn-id references ("D3:1", "answer_4be1b6b4_2:13", runs such as "D3:1:1:1"; not a time such
+#: as "13:56"), which small models copy into memory text in place of content.
+TURN_REFERENCE = re.compile(r"\b[^\W\d]\w*(?::\d+)+\b")
+
+
 def clean_cited_id(raw: str) -> str:
     """An id an LLM cited (a turn id, a short memory id) without the brackets and spaces
     models copy from the prompt: ``" [E1] "`` → ``"E1"``."""

@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -47,12 +48,14 @@ from rich.console import Console
 from rich.table import Table
 
 from hybridmem_local.config import EmbedderConfig, RetrievalConfig, load_config
+from hybridmem_local.curation import EpisodeReply, TupleReply, episode_problem, tuple_problem
+from hybridmem_local.dedup import content_key
 from hybridmem_local.embedding import build_embedder
 from hybridmem_local.eval.locomo import LocomoConversation, load_locomo, normalise_evidence
 from hybridmem_local.lexical import LexicalIndex
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.retrieval import fuse, format_context
-from hybridmem_local.schema import EpisodeDraft
+from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"
@@ -183,6 +186,7 @@ def run_selections(args, conversations, raw_samples, count_tokens, embedder, bud
     paper_tokens: list[int] = []
     n_questions = 0
     per_conversation = {}
+    stores: dict[str, dict] = {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for conversation in conversations:
@@ -199,6 +203,8 @@ def run_selections(args, conversations, raw_samples, count_tokens, embedder, bud
                     memory.add_memories(
                         conversation.namespace, episodes=observation_facts(raw_samples[conversation.sample_id], conversation)
                     )
+                if args.stores is not None:
+                    stores[conversation.sample_id] = store_summary(memory, conversation.namespace)
                 stored = {t.turn_id for w in memory.indexes.all_windows(conversation.namespace) for t in w.turns}
                 questions = [q for q in conversation.questions if q.evidence and set(q.evidence) <= stored]
                 if not questions:
@@ -218,8 +224,48 @@ def run_selections(args, conversations, raw_samples, count_tokens, embedder, bud
         "evidence_recall": {name: [round(c / n_questions, 3) for c in counts] for name, counts in totals.items()},
         "paper_selection_tokens": {"mean": round(statistics.mean(paper_tokens)), "p95": int(np.percentile(paper_tokens, 95))},
         "per_conversation": per_conversation,
+        **({"stores": stores} if stores else {}),
         "seconds": round(time.perf_counter() - started),
     }
+
+
+def store_summary(memory: HybridMemory, namespace: str) -> dict:
+    """What a curated store holds: sessions by curation status, active memories by kind and by
+    how their source turns were obtained (``provenance``: cited by the model, aligned, none),
+    the repeats the duplicate guard kept out (its ``duplicate`` events), and what today's
+    write-time checks would keep out of it (:func:`recheck`: the store may predate them)."""
+    conn = memory.store.conn
+    sessions = dict(conn.execute("SELECT curation_status, count(*) FROM sessions WHERE namespace = ? GROUP BY 1", (namespace,)).fetchall())
+    memories = memory.store.list_memories(namespace)
+    repeats = conn.execute("SELECT count(*) FROM events WHERE namespace = ? AND action = 'duplicate'", (namespace,)).fetchone()[0]
+    return {
+        "sessions": sessions,
+        "memories": dict(Counter(m.kind for m in memories)),
+        "provenance": dict(Counter(m.provenance or "none" for m in memories)),
+        "repeats_not_stored": repeats,
+        "kept_out_by_todays_checks": recheck(memories),
+    }
+
+
+def recheck(memories: list[Episode | RelationalTuple]) -> dict[str, int]:
+    """Active rows that curation's content checks would now leave out (``no_content``) and,
+    of the rest, exact repeats (``dedup.content_key``) of an earlier row of the same kind and
+    session (``repeats``). Near repeats need the embedder and are not recounted."""
+    seen: set[tuple[str, str | None, str]] = set()
+    kept_out = Counter(no_content=0, repeats=0)
+    for memory in sorted(memories, key=lambda m: m.id):
+        if isinstance(memory, Episode):
+            problem = episode_problem(EpisodeReply(**memory.model_dump(include={"title", "summary", "details", "timestamp", "source_turn_ids"})))
+        else:
+            problem = tuple_problem(TupleReply(**memory.model_dump(include={"entity", "relation", "object", "timestamp", "context", "source_turn_ids"})))
+        key = (memory.kind, memory.source_session_id, content_key(memory))
+        if problem is not None:
+            kept_out["no_content"] += 1
+        elif key in seen:
+            kept_out["repeats"] += 1
+        else:
+            seen.add(key)
+    return dict(kept_out)
 
 
 def time_fusion(memory: HybridMemory, namespace: str, questions, vectors, latency) -> None:
@@ -287,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             table.add_row(name, *(f"{v:.3f}" for v in values))
         Console().print(table)
         Console().print(f"paper selection tokens: {report['paper_selection_tokens']}")
+        for sample_id, summary in report.get("stores", {}).items():
+            Console().print(f"{sample_id}: {summary}")
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(report, indent=2))

@@ -18,6 +18,7 @@ from hybridmem_local.answering import (
     ANSWER_TEXT_MAX_NEW_TOKENS,
     AnswerDraft,
     TextCiter,
+    _text_answer,
     answer_from_context,
     answer_many,
     build_answer_request,
@@ -204,6 +205,27 @@ def test_text_requests_ask_for_plain_text_with_their_own_prompt():
 def test_text_answers_need_a_citer():
     with pytest.raises(ValueError, match="TextCiter"):
         answer_many(ScriptedLLM("52 minutes"), ["How long was Bob's 10K?"], [search_result()], mode="text")
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer"),
+    [
+        # Replies SmolLM2 wrote in scripts/bench_answer_modes.py: a speaker label copied from
+        # the transcript, an answer label, a label loop, a list announced on its own line.
+        ("Jon: He lost his job as a banker.", "He lost his job as a banker."),
+        ("The answer is: 2023-07-03", "2023-07-03"),
+        ("Jon: Jon: Jon: Jon:", ""),
+        ("The activities Melanie participates in are:\n1. Pottery\n2. Camping", "Pottery, Camping"),
+        ("1. Painting landscapes and still life", "Painting landscapes and still life"),
+        # Kept: a time, a yes/no with a colon, a lower-case phrase before a colon, later lines.
+        ("13:56", "13:56"),
+        ("Yes: she adopted him", "Yes: she adopted him"),
+        ("the time was: 5pm", "the time was: 5pm"),
+        ("Mary Ann: Rome\nShe said so in May.", "Rome"),
+    ],
+)
+def test_a_text_reply_loses_the_labels_small_models_put_before_the_answer(reply, answer):
+    assert _text_answer(reply) == answer
 
 
 def _citer(minilm, **settings) -> TextCiter:

@@ -265,7 +265,8 @@ def test_ids_of_turns_in_another_window_are_dropped():
 
 
 def test_memories_without_content_are_left_out_and_the_rest_of_the_reply_is_kept():
-    # What SmolLM2-135M wrote for LoCoMo conv-26 sessions: turn ids in place of content, loops.
+    # What SmolLM2-135M wrote for LoCoMo sessions: turn ids or the schema's name in place of
+    # content, loops.
     loop = "You're doing a great job of taking care of yourself and your family. " * 4
 
     def reply(request: LLMRequest) -> str:
@@ -276,6 +277,7 @@ def test_memories_without_content_are_left_out_and_the_rest_of_the_reply_is_kept
             "episodes": [
                 {**episode, "title": first, "summary": first, "details": first},
                 {**episode, "title": "Support", "summary": "Kind words", "details": loop},
+                {**episode, "title": "EpisodeReply", "summary": "EpisodeReply", "details": "EpisodeReply"},
                 {**episode, "title": "Adoption", "summary": "Caroline plans to adopt",
                  "details": "Caroline told Melanie at 13:56 that she researches adoption agencies."},
             ],
@@ -283,6 +285,7 @@ def test_memories_without_content_are_left_out_and_the_rest_of_the_reply_is_kept
                 {**fact, "entity": first, "relation": first, "object": first},
                 {**fact, "entity": "D3:1:1:1:1:1:1", "relation": "is", "object": "x"},
                 {**fact, "entity": "love", "relation": "Love", "object": "LOVE "},
+                {**fact, "entity": "Caroline", "relation": "TupleReply", "object": "TupleReply"},
                 {**fact, "entity": "Caroline", "relation": "is aged", "object": "30"},
                 {**fact, "entity": "Caroline", "relation": "went to", "object": "a support group on 2023-05-07"},
             ],
@@ -297,9 +300,11 @@ def test_memories_without_content_are_left_out_and_the_rest_of_the_reply_is_kept
     assert outcome.dropped_memories == [
         "episode 's1:0': only turn ids",
         "episode 'Support': a phrase repeated in a loop",
+        "episode 'EpisodeReply': only the reply schema's name",
         "tuple 's1:0': entity: only turn ids",
         "tuple 'D3:1:1:1:1:1:1': entity: only turn ids",
         "tuple 'love': entity, relation and object are the same text",
+        "tuple 'Caroline': relation: only the reply schema's name",
     ]
 
 

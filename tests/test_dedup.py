@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybridmem_local.dedup import content_key, plan_duplicates
+from hybridmem_local.dedup import content_key, numbers, plan_duplicates
 from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple, TupleDraft
 from hybridmem_local.store import MemoryStore
 from tests.factories import make_episode, make_session, make_tuple
@@ -41,6 +41,26 @@ def test_content_key_ignores_case_punctuation_and_spacing():
     b = make_episode("run", "bob  ran the 10K in 52 minutes")
     assert content_key(a) == content_key(b)
     assert content_key(a) != content_key(make_episode("Run", "Bob ran the 10K in 61 minutes."))
+
+
+@pytest.mark.parametrize(
+    ("first", "copy"),
+    [
+        # SmolLM2 copies from LoCoMo sessions: turn ids, or list numbers, before the same text.
+        (make_episode("D1:36", "D1:36: VR gaming is awesome! Let's do it next Saturday [2022-03-26]!"),
+         make_episode("D1:37", "D1:37: VR gaming is awesome! Let's do it next Saturday [2022-03-26]!")),
+        (make_episode("D7:1", "1. Use a pizza dough to make a pizza."),
+         make_episode("D7:2", "2. Use a pizza dough to make a pizza.")),
+    ],
+)
+def test_copies_that_differ_in_turn_ids_or_list_numbers_are_the_same_content(first, copy):
+    assert content_key(first) == content_key(copy) and numbers(first) == numbers(copy)
+
+
+def test_times_steps_and_dates_in_the_text_still_tell_memories_apart():
+    at_nine = make_episode("Meeting", "Bob met Ann at 9:30 after step 2. of the plan, on 2023-05-07.")
+    at_ten = make_episode("Meeting", "Bob met Ann at 10:30 after step 2. of the plan, on 2023-05-07.")
+    assert numbers(at_nine) == {"9:30", "2", "2023", "05", "07"} and content_key(at_nine) != content_key(at_ten)
 
 
 def test_exact_repeats_within_one_batch_become_one_new_memory(store, minilm):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hybridmem_local.config import RetrievalConfig
 from hybridmem_local.fusion import reciprocal_rank_fusion
 from hybridmem_local.retrieval import fuse
-from tests.factories import make_tuple
+from tests.factories import make_episode, make_session, make_tuple
 
 # ----------------------------------------------------------------------------- arithmetic
 
@@ -117,3 +117,33 @@ def test_hybrid_ranks_lexical_only_and_dense_only_finds_above_unrelated(memory):
     assert set(hybrid[2:]) <= filler_ids
     scores = [h.score for h in memory.search(QUERY, namespace="alice", k=40).tuples]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_search_ranks_every_store_as_its_indexes_do_one_by_one(memory):
+    # Search runs the stores' BM25 and hnswlib rankings on threads; the hits must be exactly
+    # the fusion of each store's two rankings, made here one after the other.
+    memory.add_memories(
+        "alice",
+        episodes=[make_episode(f"Trip {i}", f"{p} flew to {c} with a {t}.") for i, (p, c, t) in enumerate(zip(PEOPLE, CITIES, THINGS))],
+        tuples=[make_tuple("Margaret", "adopted", "a greyhound from the shelter"), *_fillers(30)],
+    )
+    memory.ingest([make_session("alice", i, n_turns=6) for i in range(3)], curate=False)
+    config = memory.config.retrieval
+    config.mode, config.sources = "hybrid", ["episodes", "tuples", "windows"]
+    result = memory.search(QUERY, namespace="alice", k=4)
+    vector = memory.indexes.embed_query(QUERY)
+    found = {
+        "episode": [(h.memory.id, h.score) for h in result.episodes],
+        "tuple": [(h.memory.id, h.score) for h in result.tuples],
+        "window": [(h.window.id, h.score) for h in result.windows],
+    }
+    for kind, limit in (("episode", 4), ("tuple", 8), ("window", 4)):
+        dense = memory.indexes.dense("alice", kind).search(vector, config.candidate_depth)
+        lexical = memory.indexes.lexical("alice", kind).search(QUERY, config.candidate_depth)
+        assert found[kind] == fuse(dense, lexical, config)[:limit] and found[kind]
+
+    # A forked child cannot use its parent's threads: the retriever starts a pool of its own.
+    parents = memory.retriever._pool
+    memory.retriever._pool_pid = -1
+    assert memory.search(QUERY, namespace="alice", k=4) == result
+    assert memory.retriever._pool is not parents
