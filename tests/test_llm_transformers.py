@@ -4,6 +4,7 @@ constrained JSON is schema-valid even from noise, batches come back in order, te
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import pytest
@@ -55,6 +56,18 @@ def test_constrained_reply_from_random_weights_is_schema_valid(tiny_llm):
     assert result.prompt_tokens == tiny_llm.count_tokens(tiny_llm._prompt(ask("Summarise the session as a note.")))
     assert 0 < result.completion_tokens <= 48
     assert result.latency_s > 0 and not result.cached
+
+
+def test_a_sampled_batch_whose_rows_end_apart_gives_valid_replies_without_matcher_warnings(tiny_folder):
+    # Sampled replies of one schema end at different steps ('{"ok": true}' / '{ "ok":false}');
+    # generate then feeds padding to the finished rows, whose matchers have stopped.
+    sampled = tiny_transformers_llm(tiny_folder, max_new_tokens=24, max_retries=0, temperature=1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = sampled.generate([ask(f"question {i} " * (i + 1), schema=Flag) for i in range(8)])
+    assert all(r.ok and isinstance(r.parsed, Flag) for r in results), [r.error for r in results]
+    assert len({r.completion_tokens for r in results}) > 1
+    assert not [w for w in caught if "LLMatcher" in str(w.message)]
 
 
 def test_batch_results_come_back_in_request_order(tiny_llm):

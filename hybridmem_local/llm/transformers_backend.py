@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from itertools import groupby
 from pathlib import Path
 
@@ -96,7 +97,11 @@ class TransformersLLM(ChatBackend):
         else:  # greedy; unset the model's own sampling defaults so transformers does not warn
             sampling = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), warnings.catch_warnings():
+            # generate feeds padding to the rows of a batch that have finished; their matcher
+            # has stopped and Outlines warns of an error for each such token. Those tokens are
+            # cut off below (a row ends at its first EOS).
+            warnings.filterwarnings("ignore", message="Error in LLMatcher: parser stopped", category=UserWarning)
             output = self._model.generate(
                 **inputs,
                 logits_processor=logits_processor,
