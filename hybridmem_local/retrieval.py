@@ -10,7 +10,7 @@ raw-turn evidence windows) the retriever ranks by
 each from the namespace's indexes (``indexes.py``), caught up with the store on use. The
 stores' rankings run on a small thread pool: BM25 while the query is embedded, then the
 hnswlib lookups side by side (search p95 / query-embedding p95 with the default sources at
-100k memories + 90k windows: 1.45–1.48× → 1.37–1.41×, docs/benchmarks.md §1). Results are the same as
+100k memories + 90k windows: 1.45–1.48× → 1.34–1.41×, docs/benchmarks.md §1). Results are the same as
 ranked one by one.
 
 A search returns the top-k episodes, top-2k tuples and top-k windows (the paper's fixed
