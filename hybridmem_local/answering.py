@@ -31,7 +31,7 @@ from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, Structured
 from hybridmem_local.prompts import load_prompt
 from hybridmem_local.provenance import AlignmentSettings, Embed, alignment_scores, select
 from hybridmem_local.retrieval import RenderedContext, format_context
-from hybridmem_local.schema import Episode, RelationalTuple, SearchResult, clean_cited_id
+from hybridmem_local.schema import LIST_MARKER, Episode, RelationalTuple, SearchResult, clean_cited_id
 
 #: Room for a few-word answer and its citations; a thinking model gets the backend default
 #: (``LLMConfig.max_new_tokens``) because its reasoning comes first.
@@ -45,7 +45,6 @@ _ABSTAINS = re.compile(r"^\W*i (don'?t|do not) know\b", re.IGNORECASE)
 #: A label a small model writes before its answer: "Answer:", "The answer is:", or a speaker
 #: name copied from the transcript ("Jon:"); token F1 counts each of its words as wrong.
 _ANSWER_LABEL = re.compile(r"^\W*(?:(?i:(?:the )?answer(?: is)?)|(?!(?:Yes|No)\b)[A-Z][\w'-]*(?: [A-Z][\w'-]*){0,2})\s*:(?:\s+|$)")
-_LIST_MARKER = re.compile(r"^(?:[-*\u2022]|\d+[.)])\s+")
 
 
 class AnswerDraft(BaseModel):
@@ -274,7 +273,7 @@ def _text_answer(text: str) -> str:
 
 
 def _unlabelled(line: str) -> str:
-    while (stripped := _LIST_MARKER.sub("", _ANSWER_LABEL.sub("", line, count=1)).strip()) != line:
+    while (stripped := LIST_MARKER.sub("", _ANSWER_LABEL.sub("", line, count=1)).strip()) != line:
         line = stripped
     return line
 

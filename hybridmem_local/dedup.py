@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.provenance import memory_text
 from hybridmem_local.schema import (
+    LIST_MARKER,
     TURN_REFERENCE,
     Episode,
     EpisodeDraft,
@@ -48,7 +49,6 @@ from hybridmem_local.store import MemoryStore
 Draft = EpisodeDraft | TupleDraft
 _NON_WORD = re.compile(r"[\W_]+")
 _NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
-_LIST_MARKER = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+", re.MULTILINE)
 
 #: Active memories of a kind that a new memory with this timestamp could repeat
 #: (``MemoryStore.duplicate_candidates`` with the namespace and session filled in).
@@ -60,7 +60,7 @@ Vectors = Callable[[Sequence[str]], np.ndarray]
 def compared_text(memory: Draft) -> str:
     """A memory's content fields (not its timestamp or provenance) without turn-id references
     and the list markers that start a field."""
-    return TURN_REFERENCE.sub(" ", _LIST_MARKER.sub("", memory_text(memory)))
+    return TURN_REFERENCE.sub(" ", LIST_MARKER.sub("", memory_text(memory)))
 
 
 def content_key(memory: Draft) -> str:

@@ -107,10 +107,10 @@ class StoreIndexes:
         embedder = self._embedder()
         cached = self.store.get_embeddings(namespace, embedder.model_id, texts)
         missing = sorted({t for t in texts if text_hash(t) not in cached})
-        vectors = embedder.embed(missing) if missing else np.zeros((0, embedder.dimension), dtype=np.float32)
+        empty = np.zeros((0, embedder.dimension), dtype=np.float32)
+        vectors = embedder.embed(missing) if missing else empty
         cached.update({text_hash(t): v for t, v in zip(missing, vectors)})
-        every = np.stack([cached[text_hash(t)] for t in texts]) if texts else np.zeros((0, embedder.dimension), dtype=np.float32)
-        return missing, vectors, every
+        return missing, vectors, np.stack([cached[text_hash(t)] for t in texts]) if texts else empty
 
     def embed_query(self, text: str) -> np.ndarray:
         return self._embedder().embed([text])[0]

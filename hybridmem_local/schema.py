@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Sequence
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -46,6 +46,9 @@ def check_namespace(namespace: str) -> str:
 #: Turn-id references ("D3:1", "answer_4be1b6b4_2:13", runs such as "D3:1:1:1"; not a time such
 #: as "13:56"), which small models copy into memory text in place of content.
 TURN_REFERENCE = re.compile(r"\b[^\W\d]\w*(?::\d+)+\b")
+#: A list marker ("-", "*", "•", "1.", "2)") at the start of a line, which small models put
+#: before an answer or a copied memory.
+LIST_MARKER = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+", re.MULTILINE)
 
 
 def clean_cited_id(raw: str) -> str:
@@ -139,12 +142,15 @@ def combine_provenance(provenances: Iterable[Provenance | None]) -> Provenance |
     return "aligned" if "aligned" in known else "cited"
 
 
-def _provenance_follows_turns(memory: EpisodeDraft | TupleDraft) -> EpisodeDraft | TupleDraft:
+def provenance_of(turn_ids: Sequence[str], provenance: Provenance | None) -> Provenance | None:
     """Turns given without a provenance were cited by the caller; no turns, no provenance."""
-    if not memory.source_turn_ids:
-        memory.provenance = None
-    elif memory.provenance is None:
-        memory.provenance = "cited"
+    if not turn_ids:
+        return None
+    return provenance or "cited"
+
+
+def _provenance_follows_turns(memory: EpisodeDraft | TupleDraft) -> EpisodeDraft | TupleDraft:
+    memory.provenance = provenance_of(memory.source_turn_ids, memory.provenance)
     return memory
 
 

@@ -42,6 +42,7 @@ from hybridmem_local.schema import (
     TupleDraft,
     check_namespace,
     combine_provenance,
+    provenance_of,
     utcnow,
 )
 
@@ -943,7 +944,7 @@ def _row_to_memory(row: sqlite3.Row) -> Episode | RelationalTuple:
         source_session_id=row["source_session_id"],
         source_turn_ids=turn_ids,
         # Rows older than the provenance column hold NULL: their turns were cited.
-        provenance=row["provenance"] or ("cited" if turn_ids else None),
+        provenance=provenance_of(turn_ids, row["provenance"]),
         created_at=datetime.fromisoformat(row["created_at"]),
         status=MemoryStatus(row["status"]),
         superseded_by=row["superseded_by"],
