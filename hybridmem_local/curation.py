@@ -14,8 +14,11 @@ Flow of one session:
    A short session is one window; a single turn longer than a whole window is cut to fit
    (the stored turn is untouched).
 3. All windows of all sessions go to the LLM in **one** ``generate`` call, constrained to
-   :class:`CurationReply` (at most ``CurationConfig.max_episodes_per_window`` episodes and
-   ``max_tuples_per_window`` tuples per window). Windows whose reply still failed (after the
+   :class:`CurationReply` with list caps and a reply budget sized to the window
+   (:meth:`Curator.reply_size`: about one episode per 3 turns and a tuple per turn, within
+   ``max_episodes_per_window`` / ``max_tuples_per_window``). A reply cut off at its budget, or
+   ended by the backend's repetition guard, keeps its complete memories (``salvage_partial``).
+   Windows whose reply still failed (after the
    backend's own retries) are re-sent split in half, all together, for
    ``CurationConfig.retry_rounds`` more rounds: a shorter window fits the context and its
    reply fits ``max_new_tokens``.
@@ -36,6 +39,7 @@ succeed cost nothing the second time.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
@@ -47,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.dates import annotate_relative_dates
+from hybridmem_local.lexical import tokenize
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import PromptTemplate, load_prompt
 from hybridmem_local.provenance import Aligner, AlignmentSettings, Embed, memory_text
@@ -65,6 +70,8 @@ log = logging.getLogger(__name__)
 
 #: Chat-template tokens (role markers, BOS) that ``count_tokens`` of the message texts misses.
 TEMPLATE_ALLOWANCE_TOKENS = 48
+#: A reply's JSON around its items: the braces, both list names, whitespace.
+REPLY_FRAME_TOKENS = 32
 #: Below this many tokens for turns, windows would hold too little conversation to be useful.
 MIN_TURN_BUDGET_TOKENS = 64
 
@@ -163,7 +170,12 @@ class CurationOutcome(BaseModel):
     aligned_memories: int = 0
     #: Timestamps that were not a real date and were replaced by the session date.
     timestamps_defaulted: int = 0
-    #: Memories left out for having no content (only turn ids or schema names, a decoding loop), with why.
+    #: Windows whose first reply failed (they were re-sent split in half, if rounds remained).
+    windows_failed_first: int = 0
+    #: Replies cut off (budget or repetition guard) of which the complete memories were kept.
+    windows_salvaged: int = 0
+    #: Memories left out, with why: no content (only turn ids or schema names, a decoding loop)
+    #: or not from the window (:func:`ungrounded`).
     dropped_memories: list[str] = Field(default_factory=list)
 
     @property
@@ -209,6 +221,17 @@ def content_problem(text: str) -> str | None:
     return None
 
 
+def ungrounded(text: str, window_stems: set[str], max_share: float) -> str | None:
+    """Why ``text`` is not from the window: more than ``max_share`` of its distinct word stems
+    occur in none of the window's lines (a small model copying the prompt's worked example,
+    or inventing), or None."""
+    stems = set(tokenize([TURN_REFERENCE.sub(" ", text)])[0])
+    novel = stems - window_stems
+    if stems and len(novel) / len(stems) > max_share:
+        return f"not in the conversation ({len(novel)} of {len(stems)} words, e.g. {sorted(novel)[0]!r})"
+    return None
+
+
 def episode_problem(episode: EpisodeReply) -> str | None:
     """Why an episode is no memory: no content in title, summary and details together, or a loop in one."""
     whole = content_problem(" ".join((episode.title, episode.summary, episode.details)))
@@ -236,21 +259,36 @@ class _Checked:
     tuples: list[TupleDraft]
     dropped_turn_ids: list[str]
     timestamps_defaulted: int
-    #: Why each memory without content was left out (see :func:`content_problem`).
+    #: Why each memory was left out (see :func:`content_problem` and :func:`ungrounded`).
     dropped_memories: list[str]
     #: Memories aligned to the window's turns (no valid cited id).
     aligned: int = 0
 
 
-def check_curation_reply(reply: CurationReply, turn_ids: Sequence[str], session_date: date) -> _Checked:
+def check_curation_reply(
+    reply: CurationReply,
+    turn_ids: Sequence[str],
+    session_date: date,
+    window_lines: Sequence[str] = (),
+    max_ungrounded_share: float = 1.0,
+) -> _Checked:
     """Keep only cited ids among ``turn_ids``; give every memory a valid timestamp; leave out
-    memories without content (the rest of the reply stays: one bad item is no reason to pay
-    for the window again)."""
+    memories without content, and those whose words are mostly absent from ``window_lines``
+    (an episode's details, a tuple's entity and object; see :func:`ungrounded`). The rest of
+    the reply stays: one bad item is no reason to pay for the window again."""
     known = set(turn_ids)
     dropped: list[str] = []
     defaulted = 0
-    problems = {id(e): f"episode {e.title[:40]!r}: {p}" for e in reply.episodes if (p := episode_problem(e))}
-    problems |= {id(t): f"tuple {t.entity[:40]!r}: {p}" for t in reply.tuples if (p := tuple_problem(t))}
+    window_stems = {stem for line in tokenize(list(window_lines)) for stem in line}
+
+    def episode_issue(e: EpisodeReply) -> str | None:
+        return episode_problem(e) or ungrounded(e.details, window_stems, max_ungrounded_share)
+
+    def tuple_issue(t: TupleReply) -> str | None:
+        return tuple_problem(t) or ungrounded(f"{t.entity} {t.object}", window_stems, max_ungrounded_share)
+
+    problems = {id(e): f"episode {e.title[:40]!r}: {p}" for e in reply.episodes if (p := episode_issue(e))}
+    problems |= {id(t): f"tuple {t.entity[:40]!r}: {p}" for t in reply.tuples if (p := tuple_issue(t))}
 
     def cited(ids: list[str]) -> list[str]:
         kept: list[str] = []
@@ -328,6 +366,8 @@ class _Tally:
     """What one session has accumulated over its windows and rounds."""
 
     windows: int = 0
+    failed_first: int = 0
+    salvaged: int = 0
     usage: LLMUsage = field(default_factory=LLMUsage)
     parts: list[tuple[int, _Checked]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -353,8 +393,7 @@ class Curator:
             lexical_weight=config.align_lexical_weight,
         )
         self.aligner = Aligner(embed, settings) if embed is not None else None
-        self.prompt: PromptTemplate = load_prompt("curation")
-        self.reply_schema = reply_schema(config.max_episodes_per_window, config.max_tuples_per_window)
+        self.prompt: PromptTemplate = load_prompt(config.prompt)
         self.turn_budget = self._turn_budget()
 
     def _turn_budget(self) -> int:
@@ -363,6 +402,7 @@ class Curator:
             session_date=format_session_date(datetime(2023, 12, 27, 23, 59, tzinfo=timezone.utc)),
             window_note=self._window_note(Turn(turn_id="x" * 12, speaker="x", text="x"), 1000),
             turns="",
+            example_turn_id="x" * 12,
         )
         overhead = sum(self.llm.count_tokens(m.content) for m in skeleton) + TEMPLATE_ALLOWANCE_TOKENS
         budget = self.llm_config.context_tokens - self.llm_config.max_new_tokens - overhead
@@ -419,6 +459,16 @@ class Curator:
     def _window(session: Session, session_index: int, start: int, end: int, lines: list[str]) -> Window:
         return Window(session_index, session, start, tuple(session.turns[start:end]), tuple(lines[start:end]))
 
+    def reply_size(self, window: Window) -> tuple[int, int, int]:
+        """``(episodes, tuples, tokens)`` the window's reply may hold: items in proportion to its
+        turns (within the configured caps), tokens for those items (within llm.max_new_tokens,
+        which the windows were sized for)."""
+        config, turns = self.config, len(window.turns)
+        episodes = min(config.max_episodes_per_window, math.ceil(turns / config.turns_per_episode))
+        tuples = min(config.max_tuples_per_window, math.ceil(turns * config.tuples_per_turn))
+        tokens = REPLY_FRAME_TOKENS + episodes * config.episode_reply_tokens + tuples * config.tuple_reply_tokens
+        return episodes, tuples, min(tokens, self.llm_config.max_new_tokens)
+
     def request(self, window: Window) -> LLMRequest:
         session = window.session
         whole = len(window.turns) == len(session.turns)
@@ -426,15 +476,18 @@ class Curator:
             session_date=format_session_date(session.started_at),
             window_note="" if whole else self._window_note(window.turns[0], len(session.turns)),
             turns="\n".join(window.lines),
+            # The window's own id: an example id the model was not shown gets copied instead.
+            example_turn_id=window.turns[min(1, len(window.turns) - 1)].turn_id,
         )
+        episodes, tuples, tokens = self.reply_size(window)
         return LLMRequest(
             messages=messages,
-            output_schema=self.reply_schema,
-            # The windows were sized for this reply budget, whatever the backend's default.
-            max_new_tokens=self.llm_config.max_new_tokens,
+            output_schema=reply_schema(episodes, tuples),
+            max_new_tokens=tokens,
             enable_thinking=False,
             prompt_version=self.prompt.version,
             tag=session.namespace,
+            salvage_partial=True,
         )
 
     # ------------------------------------------------------------------ curate
@@ -455,8 +508,14 @@ class Curator:
             for window, result in zip(pending, self._generate(pending), strict=True):
                 tally = tallies[window.session_index]
                 tally.usage.count([result])
+                tally.salvaged += result.salvaged
+                if round_number == 0 and not result.ok:
+                    tally.failed_first += 1
                 if result.ok and isinstance(result.parsed, CurationReply):
-                    checked = check_curation_reply(result.parsed, window.turn_ids, window.session.started_at.date())
+                    checked = check_curation_reply(
+                        result.parsed, window.turn_ids, window.session.started_at.date(),
+                        window.lines, self.config.max_ungrounded_share,
+                    )
                     tally.parts.append((window.start, self._align(checked, window)))
                 else:
                     failed.append((window, result.error or "reply is not a CurationReply"))
@@ -499,7 +558,7 @@ class Curator:
             )
         empty = [problem for p in parts for problem in p.dropped_memories]
         if empty:
-            log.warning("session %s: left out %d memories without content: %s", session.session_id, len(empty), empty[:5])
+            log.warning("session %s: left out %d memories: %s", session.session_id, len(empty), empty[:5])
         result = None
         if not tally.errors:
             result = CurationResult(
@@ -516,5 +575,7 @@ class Curator:
             dropped_turn_ids=dropped,
             aligned_memories=sum(p.aligned for p in parts),
             timestamps_defaulted=sum(p.timestamps_defaulted for p in parts),
+            windows_failed_first=tally.failed_first,
+            windows_salvaged=tally.salvaged,
             dropped_memories=empty,
         )

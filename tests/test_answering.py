@@ -193,7 +193,7 @@ def test_an_unreachable_backend_gives_an_answer_with_the_error():
 def test_text_requests_ask_for_plain_text_with_their_own_prompt():
     context = format_context(search_result())
     request = build_answer_request("How long was Bob's 10K?", context, QUESTION_DATE, enable_thinking=False, mode="text")
-    assert request.output_schema is None and request.prompt_version == "answer-text/v1"
+    assert request.output_schema is None and request.prompt_version == "answer-text/v2"
     assert request.max_new_tokens == ANSWER_TEXT_MAX_NEW_TOKENS
     user = request.messages[-1].content
     assert context.text in user and "Question: How long was Bob's 10K?" in user and "2023-06-20" in user
@@ -239,7 +239,7 @@ def test_a_text_answer_cites_the_memories_it_aligns_to(minilm):
     answer = answer_from_context(llm, "How long did Bob take to run the Riverside 10K?", result, mode="text", citer=_citer(minilm))
     # The first line, without the label; no schema was asked for.
     assert answer.answer == "52 minutes" and answer.mode == "text" and answer.error is None
-    assert llm.batches[0][0].output_schema is None and answer.prompt_version == "answer-text/v1"
+    assert llm.batches[0][0].output_schema is None and answer.prompt_version == "answer-text/v2"
     # Only the race episode holds the question's words and the answer; the others score < 0.6.
     assert answer.citations == ["E1"] and [m.id for m in answer.cited] == [10]
     assert answer.cited_turn_ids == ["s1:1"] and answer.invalid_citations == []
@@ -304,7 +304,7 @@ def test_smollm2_answers_in_text_from_memories_and_their_turns(tmp_path, smollm2
         memory.add_memories("bob", episodes=[make_episode("Riverside 10K", "Bob ran the Riverside 10K.", ["s1:1"])])
         [answer] = memory.answer_many(["How long did Bob need for the Riverside 10K?"], namespace="bob")
     print(f"\nSmolLM2 text answer: {answer.answer!r}, citations {answer.citations}")
-    assert answer.mode == "text" and answer.prompt_version == "answer-text/v1" and answer.error is None
+    assert answer.mode == "text" and answer.prompt_version == "answer-text/v2" and answer.error is None
     assert "Bob: Great, I finished in 52 minutes!" in answer.context_text  # the memory's turn, shown
     assert set(answer.citations) <= {"E1"} and answer.invalid_citations == []
     assert answer.completion_tokens <= ANSWER_TEXT_MAX_NEW_TOKENS

@@ -18,7 +18,7 @@ import pytest
 
 import hybridmem_local
 from hybridmem_local.config import CurationConfig, LLMConfig
-from hybridmem_local.curation import CurationReply, Curator, normalise_timestamp
+from hybridmem_local.curation import CurationReply, Curator, normalise_timestamp, reply_schema
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.prompts import load_prompt
@@ -94,7 +94,10 @@ LLM_CONFIG = LLMConfig(context_tokens=1024, max_new_tokens=300)
 
 
 def curator_for(llm, retry_rounds: int = 1, annotate: bool = True, llm_config: LLMConfig = LLM_CONFIG) -> Curator:
-    return Curator(llm, llm_config, CurationConfig(retry_rounds=retry_rounds, annotate_relative_dates=annotate))
+    # Scripted replies are not written from their sessions' words: the grounding check is off
+    # here and tested on its own (test_memories_not_from_the_window_are_left_out).
+    config = CurationConfig(retry_rounds=retry_rounds, annotate_relative_dates=annotate, max_ungrounded_share=1.0)
+    return Curator(llm, llm_config, config)
 
 
 # --------------------------------------------------------------------------- prompt
@@ -112,10 +115,65 @@ def test_request_shows_session_date_turn_lines_and_annotated_dates():
     assert "[s1:1] Bob: Congrats! See you next week [week of 2023-05-15]." in user
     assert "Part of a longer session" not in user
     assert issubclass(request.output_schema, CurationReply)
-    assert request.prompt_version == load_prompt("curation").version == "curation/v1"
+    assert request.prompt_version == load_prompt("curation_small").version == "curation-small/v1"
     assert request.tag == "alice"
-    assert request.max_new_tokens == LLM_CONFIG.max_new_tokens  # the budget the windows were sized for
+    assert request.salvage_partial  # a cut-off reply keeps its complete memories
     assert request.messages[0].role == "system" and "source_turn_ids" in request.messages[0].content
+    # the worked example's ids name no real turn, so a copied one is dropped, never a wrong citation
+    assert "[x:0]" in request.messages[0].content and "s1:" not in request.messages[0].content
+
+
+def test_the_paper_prompt_shows_an_id_of_the_window_as_its_example():
+    curator = Curator(ScriptedLLM(reply_citing(lambda shown: shown)), LLM_CONFIG, CurationConfig(prompt="curation"))
+    [window] = curator.windows(make_session("s7", ["one", "two", "three"]))
+    request = curator.request(window)
+    assert request.prompt_version == "curation/v2"
+    text = "\n".join(m.content for m in request.messages)
+    assert '(e.g. "s7:1")' in text and text.count("s7:1") == 2 and "D1:3" not in text  # the example and its turn line
+
+
+@pytest.mark.parametrize(
+    ("turns", "episodes", "tuples", "tokens"),
+    [(1, 1, 1, 32 + 200 + 110), (3, 1, 3, 32 + 200 + 330), (7, 3, 6, 32 + 600 + 660), (40, 3, 6, 32 + 600 + 660)],
+)
+def test_a_reply_is_sized_to_its_window(turns, episodes, tuples, tokens):
+    roomy = LLMConfig(context_tokens=4096, max_new_tokens=2048)
+    curator = curator_for(ScriptedLLM(reply_citing(lambda shown: shown)), llm_config=roomy)
+    [window] = curator.windows(make_session("s1", [f"turn {i}" for i in range(turns)]))
+    assert curator.reply_size(window) == (episodes, tuples, tokens)
+    request = curator.request(window)
+    assert request.max_new_tokens == tokens
+    schema = request.output_schema.model_json_schema()["properties"]
+    assert (schema["episodes"]["maxItems"], schema["tuples"]["maxItems"]) == (episodes, tuples)
+    tight = curator_for(curator.llm)  # max_new_tokens 300
+    assert tight.reply_size(tight.windows(make_session("s1", ["a", "b", "c"]))[0])[2] == 300  # never past the ceiling
+
+
+def test_memories_not_from_the_window_are_left_out():
+    """Qwen2.5-Coder-0.5B copied the worked example of curation_small into a session about a race."""
+    def reply(request):
+        cited = {"timestamp": "2023-05-08", "source_turn_ids": ["s1:0"]}
+        fact = {**cited, "context": ""}
+        return json.dumps({
+            "episodes": [
+                {**cited, "title": "The race", "summary": "Bob ran.", "details": "Bob ran the Riverside 10K in 52 minutes."},
+                {**cited, "title": "Lisbon", "summary": "Bob is back.", "details": "Bob is back from Lisbon, his third trip there; it took 9 hours."},
+            ],
+            "tuples": [
+                {**fact, "entity": "Bob", "relation": "finished in", "object": "52 minutes"},
+                {**fact, "entity": "Bob", "relation": "travelled to", "object": "Lisbon (third trip, 9 hours)"},
+            ],
+        })
+
+    session = make_session("s1", ["I ran the Riverside 10K yesterday and finished in 52 minutes!", "Wow, congrats Bob!"])
+    config = CurationConfig(max_ungrounded_share=0.5)
+    [outcome] = Curator(ScriptedLLM(reply), LLM_CONFIG, config).curate([session])
+    assert outcome.ok, outcome.error
+    assert [e.title for e in outcome.result.episodes] == ["The race"]
+    assert [t.object for t in outcome.result.tuples] == ["52 minutes"]
+    assert len(outcome.dropped_memories) == 2 and all("not in the conversation" in d for d in outcome.dropped_memories)
+    off = Curator(ScriptedLLM(reply), LLM_CONFIG, config.model_copy(update={"max_ungrounded_share": 1.0}))
+    assert len(off.curate([session])[0].result.tuples) == 2
 
 
 def test_annotation_can_be_switched_off():
@@ -127,7 +185,7 @@ def test_annotation_can_be_switched_off():
 def test_reply_schema_caps_lists_and_holds_timestamps_to_iso_dates():
     llm = ScriptedLLM(reply_citing(lambda shown: shown))
     curator = Curator(llm, LLM_CONFIG, CurationConfig(max_episodes_per_window=2, max_tuples_per_window=5))
-    schema = curator.reply_schema.model_json_schema()
+    schema = reply_schema(2, 5).model_json_schema()
     assert schema["properties"]["episodes"]["maxItems"] == 2
     assert schema["properties"]["tuples"]["maxItems"] == 5
     pattern = re.compile(schema["$defs"]["EpisodeReply"]["properties"]["timestamp"]["pattern"])
@@ -136,7 +194,7 @@ def test_reply_schema_caps_lists_and_holds_timestamps_to_iso_dates():
     # The caps shape decoding only: a longer reply (from a server that ignores schemas) is used.
     reply = json.loads(reply_citing(lambda shown: shown)(curator.request(curator.windows(make_session("s1", ["a"]))[0])))
     reply["episodes"] *= 4
-    assert len(curator.reply_schema.model_validate(reply).episodes) == 4
+    assert len(reply_schema(2, 5).model_validate(reply).episodes) == 4
 
 
 # --------------------------------------------------------------------------- windows
@@ -374,7 +432,7 @@ def test_a_session_still_failing_after_the_retry_rounds_gets_an_error_and_others
     assert bad.result is None
     assert "turns bad:0..bad:3" in bad.error and "turns bad:4..bad:7" in bad.error
     assert "cut off at max_new_tokens" in bad.error
-    assert bad.usage.requests == 3 and bad.prompt_version == "curation/v1"
+    assert bad.usage.requests == 3 and bad.prompt_version == "curation-small/v1"
 
 
 def test_no_retry_round_when_retry_rounds_is_zero():
@@ -538,7 +596,7 @@ def test_smollm2_curates_a_locomo_session_into_memories_citing_its_turns(smollm2
         assert normalise_timestamp(memory.timestamp, locomo_session.started_at.date()) == memory.timestamp
     assert outcome.usage.prompt_tokens > 0 and outcome.usage.completion_tokens > 0 and outcome.usage.llm_s > 0
     assert outcome.usage.requests >= outcome.windows >= 1
-    assert outcome.prompt_version == "curation/v1"
+    assert outcome.prompt_version == "curation-small/v1"
 
 
 @pytest.mark.slow
@@ -557,3 +615,26 @@ def test_smollm2_windows_of_a_small_context_partition_the_session_in_one_call(sm
     for request in llm.requests:
         text = "\n".join(m.content for m in request.messages)
         assert smollm2.count_tokens(text) <= small.context_tokens - small.max_new_tokens
+
+
+@pytest.mark.slow
+def test_the_default_model_curates_the_facts_of_a_conversation(default_llm, minilm):
+    """The embedded default writes memories worth having: tuples holding the named facts of the
+    demo's first session and episodes keeping its numbers (issue #23; SmolLM2 wrote none)."""
+    from hybridmem_local.cli import DEMO_SESSIONS
+    from hybridmem_local.ingest import read_sessions_jsonl
+
+    session = read_sessions_jsonl(DEMO_SESSIONS, "demo")[0]
+    config = LLMConfig(n_threads=2, max_retries=0)
+    [outcome] = Curator(default_llm, config, CurationConfig(), embed=minilm.embed).curate([session])
+    assert outcome.ok, outcome.error
+    result = outcome.result
+    print(f"\n{default_llm.model_id}: {outcome.usage.llm_s:.0f} s, {outcome.usage.completion_tokens} completion tokens")
+    for memory in [*result.episodes, *result.tuples]:
+        print("  ", memory.model_dump(exclude={"provenance"}))
+    facts = [" ".join((t.entity, t.relation, t.object)).lower() for t in result.tuples]
+    named = {"biscuit", "riverside", "maria", "portland", "beagle", "dr. chen"}
+    assert any(any(name in fact for name in named) for fact in facts), facts
+    assert any("52" in e.details or "61" in e.details for e in result.episodes), [e.details for e in result.episodes]
+    turn_ids = {t.turn_id for t in session.turns}
+    assert all(m.source_turn_ids and set(m.source_turn_ids) <= turn_ids for m in [*result.episodes, *result.tuples])

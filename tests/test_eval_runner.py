@@ -223,13 +223,14 @@ E2E_SYSTEMS = "hybrid,hybrid+consolidation,full-context,rag"
 
 @pytest.fixture(scope="module")
 def e2e_config(tmp_path_factory) -> Path:
-    """The embedded default (SmolLM2 via llama.cpp, MiniLM on CPU), as a YAML file."""
+    """The plumbing model (SmolLM2 via llama.cpp, MiniLM on CPU), as a YAML file: these tests
+    check the runner, not answers, so the fastest real model runs them."""
     pytest.importorskip("llama_cpp", reason="the embedded LLM needs llama-cpp-python (the 'cpu-llm' extra)")
     path = tmp_path_factory.mktemp("config") / "cpu.yaml"
     # Bounded SmolLM2 cost: replies of at most 384 tokens (a curation reply cut off there fails
     # and the run counts it), no re-asking; one llama.cpp thread, which stays fast when other
     # jobs share the cores.
-    llm = {"max_new_tokens": 384, "max_retries": 0, "n_threads": 1}
+    llm = {"model": "smollm2-135m-instruct", "max_new_tokens": 384, "max_retries": 0, "n_threads": 1}
     path.write_text(yaml.safe_dump({"embedder": {"device": "cpu"}, "llm": llm}))
     return path
 

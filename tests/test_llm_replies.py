@@ -12,6 +12,7 @@ from hybridmem_local.llm.replies import (
     check_reply,
     feedback_request,
     generate_with_retries,
+    salvage,
     strip_think,
 )
 
@@ -87,3 +88,69 @@ def test_permanent_errors_are_not_retried():
 
     [result] = generate_with_retries([LLMRequest(messages=[ChatMessage(role="user", content="x")])], complete, 3)
     assert calls == [1] and result.error == "prompt exceeds the context window"
+
+
+class Memory(BaseModel):
+    text: str
+    turn_ids: list[str]
+
+
+class Memories(BaseModel):
+    episodes: list[Memory]
+    tuples: list[Memory]
+
+
+FULL = ('{"episodes": [{"text": "ran a 10K", "turn_ids": ["s1:1"]}, {"text": "adopted Biscuit", "turn_ids": ["s1:4", "s1:5"]}],'
+        ' "tuples": [{"text": "Bob ran", "turn_ids": ["s1:1"]}]}')
+
+
+@pytest.mark.parametrize(
+    ("cut_after", "episodes", "tuples"),
+    [
+        ('"adopted Bis', ["ran a 10K"], []),  # inside the second episode: the first is kept
+        ('"s1:4", ', ["ran a 10K", "adopted Biscuit"], []),  # inside its id list: closed after "s1:4"
+        ('"tuples": [{"text": "Bob', ["ran a 10K", "adopted Biscuit"], []),  # tuples begun: none complete
+        ('"turn_ids": ["s1:1"]}', ["ran a 10K", "adopted Biscuit"], ["Bob ran"]),  # all but the closing brackets
+    ],
+)
+def test_salvage_keeps_the_complete_items_of_a_cut_off_reply(cut_after, episodes, tuples):
+    end = FULL.rindex(cut_after) + len(cut_after) if cut_after.startswith('"turn_ids"') else FULL.index(cut_after) + len(cut_after)
+    saved = salvage(FULL[:end], Memories)
+    assert saved is not None
+    parsed, text = saved
+    assert [m.text for m in parsed.episodes] == episodes
+    assert [m.text for m in parsed.tuples] == tuples
+    assert Memories.model_validate_json(text) == parsed
+
+
+def test_salvage_keeps_an_item_whose_last_list_was_cut_and_gives_up_on_nothing_complete():
+    # cut inside the last field (a list) of an item: closing the list completes the item
+    parsed, _ = salvage('{"episodes": [{"text": "ran a 10K", "turn_ids": ["s1:1", "s1', Memories)
+    assert parsed.episodes == [Memory(text="ran a 10K", turn_ids=["s1:1"])]
+    # before any list began there is nothing to keep; the required lists must exist
+    assert salvage('{"episo', Memories) is None
+    assert salvage('not json at all', Memories) is None
+    assert salvage('{"episodes": [], "tuples": [{"te', Memories) is None  # nothing complete: a failure
+
+
+def test_cut_off_replies_are_salvaged_only_when_the_request_allows_it():
+    cut = FULL[: FULL.index('"adopted Bis') + 5]
+    allow = LLMRequest(messages=[ChatMessage(role="user", content="x")], output_schema=Memories, salvage_partial=True)
+    strict = allow.model_copy(update={"salvage_partial": False})
+    calls = []
+
+    def complete(batch):
+        calls.append(len(batch))
+        return [Completion(text=cut, completion_tokens=50, truncated=True) for _ in batch]
+
+    kept, failed = generate_with_retries([allow, strict], complete, max_retries=1)
+    assert kept.ok and kept.salvaged and [m.text for m in kept.parsed.episodes] == ["ran a 10K"]
+    assert kept.completion_tokens == 50  # not asked again
+    assert not failed.ok and "cut off at max_new_tokens" in failed.error and failed.completion_tokens == 100
+    assert calls == [2, 1]
+
+
+def test_a_looping_reply_is_salvaged_and_says_why_when_it_cannot_be():
+    request = LLMRequest(messages=[ChatMessage(role="user", content="x")], output_schema=Memories, salvage_partial=True)
+    [result] = generate_with_retries([request], lambda batch: [Completion(text='{"episodes": [{"te', looped=True)], 0)
+    assert not result.ok and "stopped: it began to loop" in result.error

@@ -508,18 +508,24 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
-    monkeypatch.setenv(model_registry.MODELS_DIR_ENV, str(tmp_path / "models"))
+    # the default LLM is assembled into the checkout's models/ by scripts/install.sh
+    monkeypatch.setenv(model_registry.MODELS_DIR_ENV, str(Path(__file__).resolve().parents[1] / "models"))
     report = doctor_report(load_config(), verify=True)
     json.dumps(report)  # the CLI can print it as JSON
     assert report["offline"]["in_force"] is True
     rows = {m["role"]: m for m in report["models"]}
     assert rows["embedder"]["name"] == MINILM and rows["embedder"]["verified"] is True
-    assert rows["llm"]["path"].endswith(".gguf")
+    assert rows["llm"]["path"].endswith(".gguf") and rows["llm"]["verified"] is True
+    tiers = {t["name"]: t for t in report["llm_tiers"]}
+    assert {SMOLLM, "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"} <= set(tiers)
+    assert [n for n, t in tiers.items() if t["configured"]] == ["qwen2.5-coder-1.5b-instruct"]
+    assert tiers["qwen2.5-coder-1.5b-instruct"]["installed"] and tiers[SMOLLM]["installed"]
+    assert all(t["installed"] or "hybridmem models install" in t["where"] for t in tiers.values() if "qwen" in t["name"])
     assert set(report["backends"]) == {"torch", "sentence_transformers", "llama_cpp", "vllm", "cuml"}
     assert not any("embedder" in p for p in report["problems"])
     assert report["config"]["source"] == "built-in defaults"
     settings = report["config"]["settings"]
-    assert settings["llm"].startswith("llamacpp: smollm2-135m-instruct")
+    assert settings["llm"].startswith("llamacpp: qwen2.5-coder-1.5b-instruct")
     assert settings["retrieval"].startswith("hybrid, k 10 episodes + 20 tuples")
     if not report["backends"]["cuml"]["importable"]:
         assert settings["clusterer"].startswith("auto → cpu: cuml does not import")

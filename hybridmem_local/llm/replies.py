@@ -46,6 +46,8 @@ class Completion:
     permanent: bool = False
     #: Generation stopped at max_new_tokens.
     truncated: bool = False
+    #: The backend's repetition guard stopped a reply that had begun to loop.
+    looped: bool = False
 
 
 def strip_think(text: str) -> str:
@@ -72,6 +74,73 @@ def check_reply(text: str, schema: type[BaseModel] | None) -> tuple[BaseModel | 
             f"{'.'.join(str(part) for part in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()[:5]
         )
         return None, f"reply does not match {schema.__name__}: {problems}"
+
+
+#: How many cut points, from the last one back, :func:`salvage` tries before giving up.
+_SALVAGE_TRIES = 64
+
+
+def _cut_points(text: str) -> list[tuple[int, str]]:
+    """Where ``text`` (JSON cut off somewhere) could end: after each complete element of an
+    array, and just inside each ``[``; with the closing brackets that make it whole there."""
+    points: list[tuple[int, str]] = []
+    stack: list[str] = []
+    in_string = escaped = False
+    closers = {"{": "}", "[": "]"}
+    for i, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+                if stack and stack[-1] == "[":
+                    points.append((i + 1, "".join(closers[c] for c in reversed(stack))))
+            continue
+        if char == '"':
+            in_string = True
+        elif char in "{[":
+            stack.append(char)
+            if char == "[":
+                points.append((i + 1, "".join(closers[c] for c in reversed(stack))))
+        elif char in "}]":
+            if not stack or closers[stack.pop()] != char:
+                break  # not JSON any more: nothing after this can be closed
+            if stack and stack[-1] == "[":
+                points.append((i + 1, "".join(closers[c] for c in reversed(stack))))
+    return points
+
+
+def salvage(text: str, schema: type[BaseModel]) -> tuple[BaseModel, str] | None:
+    """The complete items of a reply cut off mid-way: ``text`` closed after its last complete
+    list element (trying earlier ones while that does not validate), with required lists the
+    reply never reached given as empty. ``(instance, closed JSON)``, or None when not one item
+    was complete (the request then fails as a cut-off reply does, and is retried)."""
+    fenced = re.match(r"^```(?:json)?\s*", text)
+    if fenced:
+        text = text[fenced.end():]
+    required_lists = [
+        name for name, spec in schema_json(schema).get("properties", {}).items()
+        if spec.get("type") == "array" and name in schema_json(schema).get("required", [])
+    ]
+    for end, closing in reversed(_cut_points(text)[-_SALVAGE_TRIES:]):
+        try:
+            data = json.loads(text[:end] + closing)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        for name in required_lists:
+            data.setdefault(name, [])
+        if not any(isinstance(value, list) and value for value in data.values()):
+            return None  # nothing complete: earlier cut points hold even less
+        try:
+            instance = schema.model_validate(data)
+        except ValidationError:
+            continue
+        return instance, json.dumps(data, ensure_ascii=False)
+    return None
 
 
 def schema_json(schema: type[BaseModel]) -> dict:
@@ -129,18 +198,26 @@ def generate_with_retries(
                     still_pending.append(i)
                 continue
             text = strip_think(reply.text)
-            parsed, problem = check_reply(text, requests[i].output_schema)
-            if problem is None:
+            schema = requests[i].output_schema
+            parsed, problem = check_reply(text, schema)
+            salvaged = None
+            if problem is not None and schema is not None and requests[i].salvage_partial and (reply.truncated or reply.looped):
+                salvaged = salvage(text, schema)
+            if problem is None or salvaged is not None:
+                if salvaged is not None:
+                    parsed, text = salvaged
                 results[i] = LLMResult(
                     text=text,
                     parsed=parsed,
                     prompt_tokens=total.prompt_tokens,
                     completion_tokens=total.completion_tokens,
                     latency_s=total.latency_s,
+                    salvaged=salvaged is not None,
                 )
                 continue
-            if reply.truncated:
-                problem += " (cut off at max_new_tokens)"
+            assert problem is not None
+            if reply.truncated or reply.looped:
+                problem += " (cut off at max_new_tokens)" if reply.truncated else " (stopped: it began to loop)"
             last_reply[i], last_error[i] = text, problem
             still_pending.append(i)
             if requests[i].output_schema is not None:

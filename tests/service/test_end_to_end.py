@@ -1,5 +1,5 @@
 """The service on the embedded default, for real: uvicorn on 127.0.0.1, the curation worker on
-SmolLM2 (llama.cpp), MiniLM, and the Python client. The other service tests stand a scripted
+the default LLM (Qwen2.5-Coder-1.5B on llama.cpp), MiniLM, and the Python client. The other service tests stand a scripted
 ``vllm serve`` in for the LLM to control timing and replies; this one checks the real stack joins up.
 """
 
