@@ -112,17 +112,9 @@ def list_command(
             row.resolved.source if row.resolved else "",
             _check_text(row.report),
             size,
-            str(row.resolved.path) if row.resolved else _how_to_get(row.entry),
+            str(row.resolved.path) if row.resolved else row.entry.obtain_command(),
         )
     console.print(table)
-
-
-def _how_to_get(entry: model_registry.ModelEntry) -> str:
-    if entry.assembled_from is not None:
-        return f"hybridmem models install {entry.name}"
-    if entry.converted_from is not None:
-        return f"hybridmem models convert {entry.name}"
-    return f"hybridmem models download {entry.name}"
 
 
 @app.command()

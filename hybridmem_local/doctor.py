@@ -154,8 +154,7 @@ def _llm_tiers(config: Config) -> list[dict[str, Any]]:
             resolved = model_registry.resolve_model(entry.name)
             where, installed = f"{resolved.source}: {resolved.path}", True
         except model_registry.ModelRegistryError:
-            how = f"hybridmem models install {entry.name}" if entry.assembled_from else entry.how_to_obtain()[0]
-            where, installed = how, False
+            where, installed = entry.obtain_command(), False
         size = sum(f.size or 0 for f in entry.files)
         rows.append({
             "name": entry.name, "installed": installed, "size": size, "where": where,

