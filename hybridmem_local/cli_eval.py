@@ -19,6 +19,7 @@ from hybridmem_local.cli_common import CONFIG_OPTION, JSON_OPTION, SET_OPTION, c
 from hybridmem_local.cli_errors import err, fail, reported
 from hybridmem_local.config import ConfigError, load_config
 from hybridmem_local.eval import DatasetError
+from hybridmem_local.eval.judge_audit import DEFAULT_AUDIT_SIZE
 from hybridmem_local.eval.systems import DEFAULT_RAG_BUDGET, SYSTEMS
 
 app = typer.Typer(help="Evaluate on LoCoMo / LongMemEval and report.", no_args_is_help=True, add_completion=False)
@@ -40,6 +41,10 @@ MCS = typer.Option(None, "--mcs", help="min_cluster_size values to sweep for hyb
 BUDGET = typer.Option(DEFAULT_RAG_BUDGET, "--context-budget", min=1, help="The rag baseline's context budget (answer-model tokens).")
 RECALL_K = typer.Option("2,5,10,20", "--recall-k", help="k values of evidence_recall@k / session_recall@k.")
 BATCH = typer.Option(32, "--batch-size", min=1, help="Questions per batched answer/judge call (saved after each).")
+JUDGE_AUDIT_OPTION = typer.Option(
+    DEFAULT_AUDIT_SIZE, "--judge-audit", min=0,
+    help="Planted wrong answers (other questions' gold answers) the judge grades, for its false-accept rate; 0: none.",
+)
 STORES = typer.Option(None, "--stores", help="Folder of per-conversation stores (default OUT/stores); share it to reuse curation.")
 CACHE = typer.Option(None, "--llm-cache", help="LLM call cache file (default OUT/llm_cache.sqlite).")
 
@@ -97,6 +102,7 @@ def locomo(
     context_budget: int = BUDGET,
     recall_k: str = RECALL_K,
     batch_size: int = BATCH,
+    judge_audit: int = JUDGE_AUDIT_OPTION,
     stores: Optional[Path] = STORES,
     llm_cache: Optional[Path] = CACHE,
     as_json: bool = JSON_OPTION,
@@ -107,7 +113,7 @@ def locomo(
         conversations=_names(conversations), limit=limit, max_sessions=max_sessions, retrieval_only=retrieval_only,
         retry_failed=retry_failed, ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), include_adversarial=include_adversarial,
         rag_budget=context_budget, recall_ks=_ints(recall_k, "--recall-k"), batch_size=batch_size,
-        stores=stores, llm_cache=llm_cache, as_json=as_json,
+        judge_audit=judge_audit, stores=stores, llm_cache=llm_cache, as_json=as_json,
     )
 
 
@@ -128,6 +134,7 @@ def longmemeval(
     context_budget: int = BUDGET,
     recall_k: str = RECALL_K,
     batch_size: int = BATCH,
+    judge_audit: int = JUDGE_AUDIT_OPTION,
     stores: Optional[Path] = STORES,
     llm_cache: Optional[Path] = CACHE,
     as_json: bool = JSON_OPTION,
@@ -137,7 +144,8 @@ def longmemeval(
         "longmemeval", data=data, out=out, config=config, overrides=parse_overrides(set_), systems=_names(systems),
         conversations=_names(questions), limit=limit, max_sessions=max_sessions, retrieval_only=retrieval_only,
         retry_failed=retry_failed, ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), rag_budget=context_budget,
-        recall_ks=_ints(recall_k, "--recall-k"), batch_size=batch_size, stores=stores, llm_cache=llm_cache,
+        recall_ks=_ints(recall_k, "--recall-k"), batch_size=batch_size, judge_audit=judge_audit, stores=stores,
+        llm_cache=llm_cache,
         as_json=as_json,
     )
 

@@ -202,6 +202,11 @@ def test_summary_aggregates_per_system_and_category_and_draws_sweeps(tmp_path):
     assert list(hybrid["by_category"]) == ["single-hop", "temporal"]  # the paper's column order
     assert hybrid["overall"]["session_recall@2"] is None  # LoCoMo has no answer sessions
     assert summary["consolidation"]["mcs5"]["compression_pct"] == pytest.approx(25.0)
+    # Every rate metric carries its bootstrap interval; a constant figure has a point interval.
+    assert hybrid["overall"]["ci95"]["judge_accuracy"][0] < 2 / 3 < hybrid["overall"]["ci95"]["judge_accuracy"][1]
+    assert hybrid["overall"]["ci95"]["f1"] == [0.25, 0.25]
+    assert hybrid["by_category"]["temporal"]["ci95"]["judge_accuracy"] == [1.0, 1.0]  # one judged, right
+    summary["judge_audit"] = {"judged": 8, "accepted": 2, "false_accept_rate": 0.25, "ci95": [0.0, 0.5]}
 
     written = {p.name for p in write_report(tmp_path, summary)}
     assert {"summary.json", "summary.md", "summary.csv", "scores_by_category.png", "recall_at_k.png",
@@ -213,6 +218,11 @@ def test_summary_aggregates_per_system_and_category_and_draws_sweeps(tmp_path):
     }
     markdown = (tmp_path / "summary.md").read_text()
     assert "| category | hybrid | hybrid@k2 | hybrid+consolidation@mcs5 |" in markdown
+    low, high = (100 * v for v in hybrid["overall"]["ci95"]["judge_accuracy"])
+    assert f"| hybrid | 66.7 ({low:.1f}–{high:.1f}) |" in markdown
+    assert "judge false-accept rate: 25.0% (0.0–50.0) of 8 planted wrong answers" in markdown
+    overall_row = next(r for r in rows if (r["system"], r["category"]) == ("hybrid", "overall"))
+    assert float(overall_row["judge_accuracy_ci95_low"]) == pytest.approx(hybrid["overall"]["ci95"]["judge_accuracy"][0])
     assert json.loads((tmp_path / "summary.json").read_text())["systems"]["hybrid@k2"]["k"] == 2
 
 
@@ -316,6 +326,16 @@ def test_a_run_writes_predictions_summary_plots_and_manifest(first_run, e2e_conf
     )
     assert "malformed_evidence" in summary["counts"]
     assert summary["counts"]["curation_failed_sessions"] == failed
+    # The judge audit graded a planted wrong answer for each question that has a lender.
+    audit_rows = [json.loads(line) for line in (out / "judge_audit.jsonl").read_text().splitlines()]
+    gold = {r["question_id"]: r["gold"] for r in records}
+    assert {r["question_id"] for r in audit_rows} <= set(gold) and audit_rows
+    assert all(r["planted"] == gold[r["planted_from"]] != r["gold"] for r in audit_rows)
+    audit = summary["judge_audit"]
+    assert audit["planted"] == len(audit_rows) and audit["judge_model"] == "llamacpp:smollm2-135m-instruct"
+    labelled = [r["label"] for r in audit_rows if r["label"] is not None]
+    assert audit["judged"] == len(labelled) and audit["accepted"] == labelled.count("CORRECT")
+    assert phases["judge_audit"]["requests"] == len(audit_rows)
 
     markdown = (out / "summary.md").read_text()
     assert all(f"| {label} |" in markdown for label in systems)

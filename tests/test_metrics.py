@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hybridmem_local.eval.metrics import (
     aggregate,
     bleu1,
+    bootstrap_interval,
     bleu_tokens,
     evidence_recall,
     evidence_recall_at_k,
@@ -178,3 +179,25 @@ def test_aggregate_without_scorable_values_has_no_mean():
 def test_aggregate_rejects_misaligned_categories():
     with pytest.raises(ValueError, match="3 values but 2 categories"):
         aggregate([1.0, 0.0, 1.0], ["a", "b"])
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_questions():
+    few = [True] * 6 + [False] * 4
+    many = few * 40
+    low, high = bootstrap_interval(few)
+    assert low < 0.6 < high and 0.0 <= low and high <= 1.0
+    low_many, high_many = bootstrap_interval(many)
+    assert low_many < 0.6 < high_many
+    assert high_many - low_many < (high - low) / 3  # the width shrinks like 1/sqrt(n)
+    # The normal approximation at n=400: 0.6 +- 1.96 * sqrt(0.24 / 400) = (0.552, 0.648).
+    assert low_many == pytest.approx(0.552, abs=0.01) and high_many == pytest.approx(0.648, abs=0.01)
+
+
+def test_bootstrap_interval_is_seeded_skips_nones_and_needs_a_value():
+    values = [1.0, 0.0, 0.5, None, 1.0, 0.25]
+    assert bootstrap_interval(values) == bootstrap_interval(values)
+    assert bootstrap_interval(values) == bootstrap_interval([v for v in values if v is not None])
+    assert bootstrap_interval([True, True, True]) == (1.0, 1.0)
+    assert bootstrap_interval([None, None]) is None
+    with pytest.raises(ValueError, match="level"):
+        bootstrap_interval([1.0], level=95)

@@ -1,6 +1,6 @@
 """LLM accounting of an evaluation run: per-phase usage and the metered view of a shared backend.
 
-Every phase (curation, consolidation, retrieval, answering, judging) counts into its own
+Every phase (curation, consolidation, retrieval, answering, judging, the judge audit) counts into its own
 :class:`PhaseUsage`; the runner sums them per invocation and appends one row per phase and
 conversation to ``usage.jsonl``, from which the report's cost table is built.
 """
@@ -12,7 +12,7 @@ from typing import Sequence
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.usage import LLMUsage
 
-PHASES = ("curation", "consolidation", "retrieval", "answering", "judging")
+PHASES = ("curation", "consolidation", "retrieval", "answering", "judging", "judge_audit")
 
 
 class PhaseUsage(LLMUsage):

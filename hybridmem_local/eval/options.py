@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from hybridmem_local.config import Config
 from hybridmem_local.eval import Benchmark
+from hybridmem_local.eval.judge_audit import DEFAULT_AUDIT_SIZE
 from hybridmem_local.eval.systems import DEFAULT_RAG_BUDGET, SYSTEMS
 from hybridmem_local.schema import StrictModel
 
@@ -44,6 +45,8 @@ class RunOptions(StrictModel):
     rag_budget: int = Field(default=DEFAULT_RAG_BUDGET, ge=1)
     recall_ks: list[int] = Field(default_factory=lambda: list(DEFAULT_RECALL_KS))
     batch_size: int = Field(default=DEFAULT_BATCH_SIZE, ge=1)
+    #: Planted wrong answers the judge grades for its false-accept rate (0: no audit).
+    judge_audit: int = Field(default=DEFAULT_AUDIT_SIZE, ge=0)
     #: Folder of the per-conversation stores (default OUT/stores); share it between runs.
     stores: Path | None = None
     #: The LLM call cache (default OUT/llm_cache.sqlite).

@@ -2,9 +2,11 @@
 
 ``summary.json`` holds, per system variant, ``overall`` and ``by_category`` blocks with stable
 keys (:data:`RATE_METRICS` plus ``evidence_recall@k`` / ``session_recall@k`` for each reported
-k, :data:`MEAN_FIELDS` and :data:`COUNT_FIELDS`; a figure that does not apply is ``null``),
-then ``cost`` (LLM use per phase), ``counts`` (data problems, truncations, skips),
-``consolidation`` (compression per min_cluster_size) and the run options. ``summary.md`` and
+k, :data:`MEAN_FIELDS` and :data:`COUNT_FIELDS`; a figure that does not apply is ``null``; and
+``ci95``, the bootstrap 95% interval over questions of each rate metric), then ``cost`` (LLM
+use per phase), ``counts`` (data problems, truncations, skips), ``consolidation`` (compression
+per min_cluster_size), ``judge_audit`` (the judge's false-accept rate on planted wrong answers,
+``eval/judge_audit.py``) and the run options. ``summary.md`` and
 ``summary.csv`` show the same figures, systems side by side; the plots are PNGs drawn with
 matplotlib's Agg backend (no display needed). ``hybridmem eval report DIR`` redraws them from
 ``summary.json``.
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hybridmem_local.config import Config
-from hybridmem_local.eval.metrics import aggregate
+from hybridmem_local.eval.metrics import aggregate, bootstrap_interval
 
 #: Per-question values averaged into rates (judge_accuracy averages ``judge_correct``).
 RATE_METRICS = ("judge_accuracy", "f1_official", "f1", "bleu1", "evidence_recall")
@@ -50,9 +52,14 @@ def recall_keys(recall_ks: Sequence[int]) -> list[str]:
 def _block(records: list[dict], recall_ks: Sequence[int]) -> dict[str, Any]:
     """One figures block (overall or one category) over ``records``."""
     block: dict[str, Any] = {}
+    intervals: dict[str, list[float] | None] = {}
     for name in (*RATE_METRICS, *recall_keys(recall_ks)):
         source = "judge_correct" if name == "judge_accuracy" else name
-        block[name] = aggregate([r["metrics"].get(source) for r in records]).overall.mean
+        values = [r["metrics"].get(source) for r in records]
+        block[name] = aggregate(values).overall.mean
+        if name in RATE_METRICS:
+            interval = bootstrap_interval(values)
+            intervals[name] = None if interval is None else list(interval)
     for name, field in MEAN_FIELDS.items():
         block[name] = aggregate([r.get(field) for r in records]).overall.mean
     block["n"] = len(records)
@@ -60,6 +67,7 @@ def _block(records: list[dict], recall_ks: Sequence[int]) -> dict[str, Any]:
     block["answer_failures"] = sum(r.get("answer_error") is not None for r in records)
     block["judge_failures"] = sum(r.get("judge_error") is not None for r in records)
     block["context_truncations"] = sum(bool(r.get("context_truncated")) for r in records)
+    block["ci95"] = intervals
     return block
 
 
@@ -79,6 +87,7 @@ def build_summary(
     counts: dict,
     consolidation: dict[str, list[dict]],
     options: dict,
+    judge_audit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The summary of ``records`` (the current run's lines of ``predictions.jsonl``)."""
     systems: dict[str, Any] = {}
@@ -103,6 +112,7 @@ def build_summary(
         "cost": cost,
         "counts": counts,
         "consolidation": {name: _consolidation_totals(entries) for name, entries in sorted(consolidation.items())},
+        "judge_audit": judge_audit,
         "options": options,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -235,15 +245,33 @@ def _columns(summary: dict[str, Any]) -> list[str]:
     return [*RATE_METRICS, *recall_keys(summary["recall_ks"]), *MEAN_FIELDS, *COUNT_FIELDS]
 
 
+def _interval(block: dict[str, Any], name: str) -> list[float] | None:
+    return (block.get("ci95") or {}).get(name)
+
+
 def write_csv(summary: dict[str, Any], path: Path) -> None:
-    """One row per system and category (``overall`` first), every figure a column."""
+    """One row per system and category (``overall`` first), every figure a column, then the
+    95% interval of each rate metric as ``<metric>_ci95_low`` / ``_high``."""
     columns = _columns(summary)
+    bounds = [(name, end) for name in RATE_METRICS for end in ("low", "high")]
     with open(path, "w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
-        writer.writerow(["system", "category", *columns])
+        writer.writerow(["system", "category", *columns, *(f"{name}_ci95_{end}" for name, end in bounds)])
         for label, entry in summary["systems"].items():
             for category, block in [("overall", entry["overall"]), *entry["by_category"].items()]:
-                writer.writerow([label, category, *("" if block.get(c) is None else block.get(c) for c in columns)])
+                cells = ["" if block.get(c) is None else block.get(c) for c in columns]
+                ends = [_interval(block, name) for name, _ in bounds]
+                cells += ["" if pair is None else pair[end == "high"] for pair, (_, end) in zip(ends, bounds)]
+                writer.writerow([label, category, *cells])
+
+
+def _cell(block: dict[str, Any], name: str) -> str:
+    """A figure for the Markdown tables; a rate metric with its 95% interval, e.g. ``62.5 (50.0–75.0)``."""
+    text = _fmt(name, block.get(name))
+    interval = _interval(block, name)
+    if interval is not None and name in RATE_METRICS:
+        text += f" ({100 * interval[0]:.1f}–{100 * interval[1]:.1f})"
+    return text
 
 
 def _fmt(name: str, value: Any) -> str:
@@ -295,8 +323,10 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
         f"{counts.get('sessions')} sessions ingested"
         + (f" (first {options['max_sessions']} per conversation)" if options.get("max_sessions") else "")
         + (f"; first {options['limit']} questions per conversation" if options.get("limit") else ""),
-        "- scores are percentages; judge accuracy is the LLM-as-a-judge score (paper Table 1)"
+        "- scores are percentages; judge accuracy is the LLM-as-a-judge score (paper Table 1); "
+        "in parentheses the bootstrap 95% interval over questions"
         + ("; retrieval only: no answers, no judge" if summary["retrieval_only"] else ""),
+        *_audit_lines(summary.get("judge_audit")),
         "",
         "## Overall",
         "",
@@ -305,16 +335,16 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
     columns += [*MEAN_FIELDS, "n", "context_truncations"]
     lines += _table(
         ["system", *(_TITLES.get(c, c) for c in columns)],
-        [[label, *(_fmt(c, entry["overall"].get(c)) for c in columns)] for label, entry in systems.items()],
+        [[label, *(_cell(entry["overall"], c) for c in columns)] for label, entry in systems.items()],
     )
     categories = ordered_categories(c for entry in systems.values() for c in entry["by_category"])
     for metric in [m for m in (*RATE_METRICS, "evidence_recall@10") if _has_values(summary, m)]:
         lines += [f"## {_TITLES.get(metric, metric)} by category", ""]
         rows = [
-            [category, *(_fmt(metric, systems[s]["by_category"].get(category, {}).get(metric)) for s in systems)]
+            [category, *(_cell(systems[s]["by_category"].get(category, {}), metric) for s in systems)]
             for category in categories
         ]
-        rows.append(["**overall**", *(_fmt(metric, systems[s]["overall"].get(metric)) for s in systems)])
+        rows.append(["**overall**", *(_cell(systems[s]["overall"], metric) for s in systems)])
         lines += _table(["category", *systems], rows)
     if summary["consolidation"]:
         lines += ["## Consolidation", ""]
@@ -341,6 +371,17 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
     lines += ["## Counts", ""]
     lines += [f"- {name.replace('_', ' ')}: {json.dumps(value)}" for name, value in counts.items()]
     return "\n".join(lines) + "\n"
+
+
+def _audit_lines(audit: dict[str, Any] | None) -> list[str]:
+    if not audit or not audit["judged"]:
+        return []
+    low, high = audit["ci95"]
+    return [
+        f"- judge false-accept rate: {100 * audit['false_accept_rate']:.1f}% ({100 * low:.1f}–{100 * high:.1f}) of "
+        f"{audit['judged']} planted wrong answers (another question's gold answer about the same conversation) "
+        f"were labelled CORRECT; judge accuracy overstates by up to that share of the wrong answers"
+    ]
 
 
 # --------------------------------------------------------------------------- plots

@@ -16,7 +16,9 @@ For each conversation (a LoCoMo sample, a LongMemEval instance):
    ``answering.mode``), one batched call judges them (``eval/judge.py``), and the metrics are
    computed (``records.py``). Each batch is appended to ``predictions.jsonl`` as soon as it
    is done. Options live in ``options.py``, LLM accounting in ``accounting.py``.
-3. **Report**: ``summary.json``, ``summary.md``, ``summary.csv``, plots and ``manifest.json``
+3. **Judge audit**: the judge grades planted wrong answers (``judge_audit.py``) into
+   ``judge_audit.jsonl``; the summary gives its false-accept rate.
+4. **Report**: ``summary.json``, ``summary.md``, ``summary.csv``, plots and ``manifest.json``
    (``report.py``).
 
 Resuming: a question already in ``predictions.jsonl`` under the same run key (config hash,
@@ -48,6 +50,7 @@ from hybridmem_local.eval import DatasetError
 from hybridmem_local.eval.accounting import PHASES, MeteredLLM, PhaseUsage
 from hybridmem_local.eval.benchmarks import load_benchmark
 from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
+from hybridmem_local.eval.judge_audit import JUDGE_AUDIT, plant_answers, summarise_audit
 from hybridmem_local.eval.locomo import ADVERSARIAL
 from hybridmem_local.eval.options import RunOptions, SystemRun, system_runs
 from hybridmem_local.eval.records import (
@@ -188,6 +191,7 @@ class _Run:
             for conversation in benchmark.conversations:
                 new += self._conversation(conversation, done, predictions)
                 self.progress.advance(conversations_task)
+            audit = None if options.retrieval_only or not options.judge_audit else self._judge_audit(benchmark.conversations)
         finally:
             append_jsonl(options.out / USAGE, self.usage_rows)
             self.models.close()
@@ -213,6 +217,7 @@ class _Run:
             },
             consolidation=self.consolidation,
             options=options.model_dump(mode="json", exclude={"command"}),
+            judge_audit=audit,
         )
         manifest = report.build_manifest(
             self.config, self.config_hash, options.command, self.models.judge_model_id(), self.started,
@@ -487,6 +492,46 @@ class _Run:
             else:
                 out[i] = (Verdict(label=verdict.label, reasoning=verdict.reasoning), None, result.latency_s)
         return out
+
+    def _judge_audit(self, conversations: list[EvalConversation]) -> dict[str, Any]:
+        """Grade planted wrong answers (``judge_audit.py``); rows already in ``judge_audit.jsonl``
+        under this config and these prompts are reused, so a rerun asks the judge nothing."""
+        path = self.options.out / JUDGE_AUDIT
+        key = hashlib.sha256(json.dumps(
+            {"config": self.config_hash, "prompts": [load_prompt(n).version for n in prompt_names()]}, sort_keys=True,
+        ).encode("utf-8")).hexdigest()[:16]
+        planted = plant_answers(conversations, self.options.judge_audit, seed=self.config.llm.seed)
+        known = {(r["question_id"], r["planted"]): r for r in read_records(path) if r.get("audit_key") == key}
+        todo = [p for p in planted if (p.question_id, p.planted) not in known]
+        usage = PhaseUsage()
+        if todo:
+            judge = MeteredLLM(self.models.judge, usage)
+            started = time.perf_counter()
+            requests = [
+                build_judge_request(p.question, p.gold, p.planted, self.options.benchmark, p.category)
+                .model_copy(update={"tag": "judge-audit"})
+                for p in todo
+            ]
+            rows = []
+            for p, result in zip(todo, judge.generate(requests)):
+                verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
+                rows.append({
+                    "audit_key": key, **p.model_dump(), "label": None if verdict is None else verdict.label,
+                    "reasoning": None if verdict is None else verdict.reasoning,
+                    "judge_error": None if verdict is not None else result.error or "reply is not a JudgeVerdict",
+                })
+            append_jsonl(path, rows)
+            known.update({(r["question_id"], r["planted"]): r for r in rows})
+            usage.wall_s, usage.units = time.perf_counter() - started, len(todo)
+            self._record_usage("judge_audit", usage, conversations[0].conversation_id)
+        records = [known[(p.question_id, p.planted)] for p in planted]
+        audit = summarise_audit(records, self.models.judge_model_id())
+        if audit["judged"]:
+            self.console.print(
+                f"judge audit: {audit['accepted']} of {audit['judged']} planted wrong answers accepted "
+                f"({100 * audit['false_accept_rate']:.1f}% false accepts)"
+            )
+        return audit
 
     def _record(
         self, run: SystemRun, key: str, conversation: EvalConversation, question: EvalQuestion,
