@@ -15,8 +15,8 @@ from hybridmem_local.schema import (
     RelationalTuple,
     SearchResult,
     Session,
-    Turn,
     TupleDraft,
+    Turn,
 )
 
 __version__ = "0.1.0"

@@ -6,8 +6,8 @@
 
 Exactly one LLM request per question (fixed top-k retrieval needs no query-time LLM step);
 :func:`answer_many` sends the requests of many questions as one batched call (the facade's
-``HybridMemory.answer_many``, the evaluation runner). The memories are shown with short ids (``E1``, ``T3``; ``retrieval.format_context``). Two modes
-(``answering.mode``):
+``HybridMemory.answer_many``, the evaluation runner). The memories are shown with short ids
+(``E1``, ``T3``; ``retrieval.format_context``). Two modes (``answering.mode``):
 
 * ``json``: constrained JSON ``{answer, cited_memory_ids}``; the model cites the ids, and ids
   that were not shown are dropped and counted, never trusted;
@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,7 +45,9 @@ _PROMPTS: dict[str, str] = {"json": "answer", "text": "answer_text"}
 _ABSTAINS = re.compile(r"^\W*i (don'?t|do not) know\b", re.IGNORECASE)
 #: A label a small model writes before its answer: "Answer:", "The answer is:", or a speaker
 #: name copied from the transcript ("Jon:"); token F1 counts each of its words as wrong.
-_ANSWER_LABEL = re.compile(r"^\W*(?:(?i:(?:the )?answer(?: is)?)|(?!(?:Yes|No)\b)[A-Z][\w'-]*(?: [A-Z][\w'-]*){0,2})\s*:(?:\s+|$)")
+_ANSWER_LABEL = re.compile(
+    r"^\W*(?:(?i:(?:the )?answer(?: is)?)|(?!(?:Yes|No)\b)[A-Z][\w'-]*(?: [A-Z][\w'-]*){0,2})\s*:(?:\s+|$)"
+)
 
 
 class AnswerDraft(BaseModel):
@@ -121,28 +124,43 @@ class TextCiter:
         return cls(
             embed,
             AlignmentSettings(
-                max_turns=config.cite_max_memories, min_score=config.cite_min_score, lexical_weight=config.cite_lexical_weight
+                max_turns=config.cite_max_memories,
+                min_score=config.cite_min_score,
+                lexical_weight=config.cite_lexical_weight,
             ),
         )
 
-    def cite(self, questions: Sequence[str], answers: Sequence[str], contexts: Sequence[RenderedContext]) -> list[list[str]]:
+    def cite(
+        self, questions: Sequence[str], answers: Sequence[str], contexts: Sequence[RenderedContext]
+    ) -> list[list[str]]:
         """Short ids cited by each answer, in context order (one embedding call for the batch)."""
-        queries = [f"{q.strip()}\n{a}" if a and not _ABSTAINS.match(a) else None for q, a in zip(questions, answers)]
-        texts = list(dict.fromkeys(
-            t for query, context in zip(queries, contexts) if query is not None and context.memory_texts
-            for t in [query, *context.memory_texts.values()]
-        ))
+        queries = [
+            f"{q.strip()}\n{a}" if a and not _ABSTAINS.match(a) else None
+            for q, a in zip(questions, answers, strict=True)
+        ]
+        texts = list(
+            dict.fromkeys(
+                t
+                for query, context in zip(queries, contexts, strict=True)
+                if query is not None and context.memory_texts
+                for t in [query, *context.memory_texts.values()]
+            )
+        )
         if not texts:
             return [[] for _ in questions]
-        vectors = dict(zip(texts, self.embed(texts)))
+        vectors = dict(zip(texts, self.embed(texts), strict=True))
         cited: list[list[str]] = []
-        for query, context in zip(queries, contexts):
+        for query, context in zip(queries, contexts, strict=True):
             if query is None or not context.memory_texts:
                 cited.append([])
                 continue
             shorts, shown = list(context.memory_texts), list(context.memory_texts.values())
             scores = alignment_scores(
-                [query], vectors[query][None, :], shown, np.stack([vectors[t] for t in shown]), self.settings.lexical_weight
+                [query],
+                vectors[query][None, :],
+                shown,
+                np.stack([vectors[t] for t in shown]),
+                self.settings.lexical_weight,
             )[0]
             cited.append([shorts[i] for i in select(scores, self.settings)])
         return cited
@@ -196,14 +214,25 @@ def answer_from_context(
     start = time.perf_counter()
     try:
         [answer] = answer_many(
-            llm, [question], [search_result], [question_date],
-            enable_thinking=enable_thinking, context_budget=context_budget, mode=mode, citer=citer,
+            llm,
+            [question],
+            [search_result],
+            [question_date],
+            enable_thinking=enable_thinking,
+            context_budget=context_budget,
+            mode=mode,
+            citer=citer,
         )
     except LLMError as exc:
         context = _render(search_result, llm, context_budget)
         answer = _answer(
-            question, context, search_result, LLMResult(error=f"LLM backend failed: {exc}"), load_prompt(_PROMPTS[mode]).version,
-            mode, [],
+            question,
+            context,
+            search_result,
+            LLMResult(error=f"LLM backend failed: {exc}"),
+            load_prompt(_PROMPTS[mode]).version,
+            mode,
+            [],
         )
     return answer.model_copy(update={"latency_s": time.perf_counter() - start})
 
@@ -240,7 +269,7 @@ def answer_many(
         build_answer_request(question, context, date, enable_thinking, mode).model_copy(
             update={"tag": tag if tag is not None else getattr(source, "namespace", None)}
         )
-        for question, context, date, source in zip(questions, rendered, dates, contexts)
+        for question, context, date, source in zip(questions, rendered, dates, contexts, strict=True)
     ]
     results = llm.generate(requests) if requests else []
     if mode == "text":
@@ -249,7 +278,15 @@ def answer_many(
     else:
         derived = [[] for _ in results]
     return [
-        _answer(question, context, source if isinstance(source, SearchResult) else None, result, request.prompt_version, mode, cites)
+        _answer(
+            question,
+            context,
+            source if isinstance(source, SearchResult) else None,
+            result,
+            request.prompt_version,
+            mode,
+            cites,
+        )
         for question, context, source, result, request, cites in zip(
             questions, rendered, contexts, results, requests, derived, strict=True
         )
@@ -257,7 +294,9 @@ def answer_many(
 
 
 def _render(search_result: SearchResult, llm: StructuredLLM, context_budget: int | None) -> RenderedContext:
-    return format_context(search_result, budget=context_budget, count_tokens=llm.count_tokens if context_budget else None)
+    return format_context(
+        search_result, budget=context_budget, count_tokens=llm.count_tokens if context_budget else None
+    )
 
 
 def _text_answer(text: str) -> str:
@@ -279,8 +318,13 @@ def _unlabelled(line: str) -> str:
 
 
 def _answer(
-    question: str, context: RenderedContext, search_result: SearchResult | None, result: LLMResult, prompt_version: str,
-    mode: AnswerMode, derived: list[str],
+    question: str,
+    context: RenderedContext,
+    search_result: SearchResult | None,
+    result: LLMResult,
+    prompt_version: str,
+    mode: AnswerMode,
+    derived: list[str],
 ) -> Answer:
     if mode == "json":
         draft = result.parsed if result.ok and isinstance(result.parsed, AnswerDraft) else None

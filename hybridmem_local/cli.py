@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import date, timedelta
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -64,7 +65,12 @@ def progress(description: str = "curating sessions") -> Callable[[int, int], Non
     """An ``on_progress(done, total)`` callback for the library that draws a bar on stderr: it
     starts with the first call and stops when done reaches total."""
     bar = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=False
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
     )
     tasks: list[TaskID] = []
 
@@ -81,7 +87,9 @@ def progress(description: str = "curating sessions") -> Callable[[int, int], Non
 
 @app.callback()
 def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what each stage does.")) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
 
 
 def curation_notes(report: IngestReport) -> str:
@@ -94,8 +102,13 @@ def curation_notes(report: IngestReport) -> str:
 def memory_row(memory: Episode | RelationalTuple) -> dict:
     """A memory as one table row: its rendered line instead of its separate fields."""
     return {
-        "id": memory.id, "kind": memory.kind, "status": memory.status.value, "timestamp": memory.timestamp,
-        "memory": memory.render(), "turns": memory.source_turn_ids, "provenance": memory.provenance,
+        "id": memory.id,
+        "kind": memory.kind,
+        "status": memory.status.value,
+        "timestamp": memory.timestamp,
+        "memory": memory.render(),
+        "turns": memory.source_turn_ids,
+        "provenance": memory.provenance,
     }
 
 
@@ -112,13 +125,17 @@ def print_memories(memories: list[Episode | RelationalTuple], as_json: bool, tit
 @app.command()
 def ingest(
     path: Path = typer.Argument(..., help="LoCoMo JSON (official format) or sessions JSONL; - reads stdin."),
-    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Store every session here (LoCoMo default: one namespace per conversation)."),
-    conversation: Optional[list[str]] = typer.Option(None, "--conversation", help="LoCoMo sample ids to ingest (default: all)."),
+    namespace: str | None = typer.Option(
+        None, "--namespace", "-n", help="Store every session here (LoCoMo default: one namespace per conversation)."
+    ),
+    conversation: list[str] | None = typer.Option(
+        None, "--conversation", help="LoCoMo sample ids to ingest (default: all)."
+    ),
     curate: bool = typer.Option(True, "--curate/--no-curate", help="Curate memories with the configured LLM."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Store sessions (raw turns, then curated memories)."""
     with reported(*USER_ERRORS):
@@ -132,7 +149,11 @@ def ingest(
     console.print(
         f"ingested {report.stored} sessions ({report.skipped} already present, {report.failed} curation failures) "
         f"with {report.memories} memories in {time.perf_counter() - started:.1f}s"
-        + (f"; {report.memories_left_out} left out (no content, or not from the conversation)" if report.memories_left_out else "")
+        + (
+            f"; {report.memories_left_out} left out (no content, or not from the conversation)"
+            if report.memories_left_out
+            else ""
+        )
         + curation_notes(report)
     )
 
@@ -140,11 +161,11 @@ def ingest(
 @app.command()
 def add(
     path: Path = typer.Argument(..., help="Sessions JSONL (one session a line); - reads stdin."),
-    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Namespace of sessions that name none."),
+    namespace: str | None = typer.Option(None, "--namespace", "-n", help="Namespace of sessions that name none."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Add sessions one by one (``HybridMemory.add_session``) and show the memories curated from each."""
     with reported(*USER_ERRORS):
@@ -156,25 +177,25 @@ def add(
         return
     for result in results:
         record = result.session
-        title = (f"session {record.session.session_id} ({record.session.namespace}): {record.curation_status}"
-                 + (", already stored" if result.report.skipped else ""))
+        title = f"session {record.session.session_id} ({record.session.namespace}): {record.curation_status}" + (
+            ", already stored" if result.report.skipped else ""
+        )
         print_memories(result.memories, False, title=title)
 
 
 @app.command()
 def curate(
-    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Only this namespace."),
+    namespace: str | None = typer.Option(None, "--namespace", "-n", help="Only this namespace."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Also retry sessions whose curation failed."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Curate stored sessions that are not curated yet."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            started = time.perf_counter()
-            report = memory.curate_pending(namespace, retry_failed=retry_failed, on_progress=progress())
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        started = time.perf_counter()
+        report = memory.curate_pending(namespace, retry_failed=retry_failed, on_progress=progress())
     if as_json:
         print_json(report)
         return
@@ -192,69 +213,76 @@ def get(
     memory_id: int = typer.Argument(..., help="A memory id."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """One memory with every field (any status)."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            found = memory.get(memory_id)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        found = memory.get(memory_id)
     print_data(found, as_json)
 
 
 @app.command("list")
 def list_(
     namespace: str = NAMESPACE_OPTION,
-    kind: Optional[Kind] = typer.Option(None, "--kind", help="Only episodes or only tuples."),
+    kind: Kind | None = typer.Option(None, "--kind", help="Only episodes or only tuples."),
     status: Status = typer.Option(Status.active, "--status", help="Memories of this status (any: all)."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=0, help="At most this many."),
+    limit: int | None = typer.Option(None, "--limit", min=0, help="At most this many."),
     offset: int = typer.Option(0, "--offset", min=0, help="Skip this many first."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """A namespace's memories in id order, a page at a time."""
     from hybridmem_local.schema import MemoryStatus
 
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            memories = memory.list(
-                namespace, kind=kind.value if kind else None,
-                status=None if status is Status.any else MemoryStatus(status.value), limit=limit, offset=offset,
-            )
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        memories = memory.list(
+            namespace,
+            kind=kind.value if kind else None,
+            status=None if status is Status.any else MemoryStatus(status.value),
+            limit=limit,
+            offset=offset,
+        )
     print_memories(memories, as_json)
 
 
 @app.command()
 def update(
     memory_id: int = typer.Argument(..., help="An active memory's id."),
-    title: Optional[str] = typer.Option(None, "--title", help="Episode title."),
-    summary: Optional[str] = typer.Option(None, "--summary", help="Episode summary."),
-    details: Optional[str] = typer.Option(None, "--details", help="Episode details."),
-    entity: Optional[str] = typer.Option(None, "--entity", help="Tuple entity."),
-    relation: Optional[str] = typer.Option(None, "--relation", help="Tuple relation."),
-    object_: Optional[str] = typer.Option(None, "--object", help="Tuple object."),
-    context: Optional[str] = typer.Option(None, "--context", help="Tuple context."),
-    timestamp: Optional[str] = typer.Option(None, "--timestamp", help="YYYY-MM-DD."),
-    turns: Optional[list[str]] = typer.Option(None, "--turn", help="Source turn id (repeatable; replaces the list)."),
+    title: str | None = typer.Option(None, "--title", help="Episode title."),
+    summary: str | None = typer.Option(None, "--summary", help="Episode summary."),
+    details: str | None = typer.Option(None, "--details", help="Episode details."),
+    entity: str | None = typer.Option(None, "--entity", help="Tuple entity."),
+    relation: str | None = typer.Option(None, "--relation", help="Tuple relation."),
+    object_: str | None = typer.Option(None, "--object", help="Tuple object."),
+    context: str | None = typer.Option(None, "--context", help="Tuple context."),
+    timestamp: str | None = typer.Option(None, "--timestamp", help="YYYY-MM-DD."),
+    turns: list[str] | None = typer.Option(None, "--turn", help="Source turn id (repeatable; replaces the list)."),
     reason: str = typer.Option("updated by user", "--reason", help="Recorded in the memory's history."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Change a memory: the new version supersedes the old one (see `hybridmem history`)."""
     given = {
-        "title": title, "summary": summary, "details": details, "entity": entity, "relation": relation,
-        "object": object_, "context": context, "timestamp": timestamp, "source_turn_ids": turns,
+        "title": title,
+        "summary": summary,
+        "details": details,
+        "entity": entity,
+        "relation": relation,
+        "object": object_,
+        "context": context,
+        "timestamp": timestamp,
+        "source_turn_ids": turns,
     }
     fields = {name: value for name, value in given.items() if value is not None}
     if not fields:
         raise fail("nothing to update: give at least one field (--title, --details, --object, ...)")
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            updated = memory.update(memory_id, reason=reason, **fields)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        updated = memory.update(memory_id, reason=reason, **fields)
     print_data(updated, as_json)
 
 
@@ -264,14 +292,13 @@ def delete(
     reason: str = typer.Option("deleted by user", "--reason", help="Recorded in the memory's history."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Mark a memory deleted (its history stays; `hybridmem purge` removes it for good)."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            memory.delete(memory_id, reason=reason)
-            deleted = memory.get(memory_id)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        memory.delete(memory_id, reason=reason)
+        deleted = memory.get(memory_id)
     print_data(deleted, as_json)
 
 
@@ -280,13 +307,12 @@ def history(
     memory_id: int = typer.Argument(..., help="A memory id."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Every event of a memory, oldest first (add, update, merge, delete, ...)."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            events = memory.history(memory_id)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        events = memory.history(memory_id)
     print_data(events, as_json, ("id", "at", "action", "run_id", "reason", "before", "after"))
 
 
@@ -294,22 +320,27 @@ def history(
 def search(
     query: str = typer.Argument(...),
     namespace: str = NAMESPACE_OPTION,
-    k: Optional[int] = typer.Option(None, "--k", help="Episodes to return (tuples: 2k). Default from config."),
-    kind: Optional[list[Kind]] = typer.Option(None, "--kind", help="Search only these stores (repeatable)."),
-    since: Optional[str] = typer.Option(None, "--since", help="Memories dated on or after YYYY-MM-DD."),
-    until: Optional[str] = typer.Option(None, "--until", help="Memories dated on or before YYYY-MM-DD."),
-    min_score: Optional[float] = typer.Option(None, "--min-score", help="Drop hits scoring below this."),
+    k: int | None = typer.Option(None, "--k", help="Episodes to return (tuples: 2k). Default from config."),
+    kind: list[Kind] | None = typer.Option(None, "--kind", help="Search only these stores (repeatable)."),
+    since: str | None = typer.Option(None, "--since", help="Memories dated on or after YYYY-MM-DD."),
+    until: str | None = typer.Option(None, "--until", help="Memories dated on or before YYYY-MM-DD."),
+    min_score: float | None = typer.Option(None, "--min-score", help="Drop hits scoring below this."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Top-k episodes and top-2k tuples for a query (no LLM call)."""
     with reported(*USER_ERRORS):
         period = {"since": _day(since, "--since"), "until": _day(until, "--until")}
         with open_memory(db, config, overrides) as memory:
             result = memory.search(
-                query, namespace=namespace, k=k, kinds=[x.value for x in kind] if kind else None, min_score=min_score, **period
+                query,
+                namespace=namespace,
+                k=k,
+                kinds=[x.value for x in kind] if kind else None,
+                min_score=min_score,
+                **period,
             )
     if as_json:
         print_json(result)
@@ -317,11 +348,13 @@ def search(
     table = Table("id", "kind", "score", "memory", "turns", "provenance")
     for hit in result.episodes + result.tuples:
         m = hit.memory
-        table.add_row(str(m.id), m.kind, f"{hit.score:.3f}", m.render(), ",".join(m.source_turn_ids), m.provenance or "-")
+        table.add_row(
+            str(m.id), m.kind, f"{hit.score:.3f}", m.render(), ",".join(m.source_turn_ids), m.provenance or "-"
+        )
     console.print(table)
 
 
-def _day(value: Optional[str], option: str) -> date | None:
+def _day(value: str | None, option: str) -> date | None:
     if value is None:
         return None
     try:
@@ -334,19 +367,18 @@ def _day(value: Optional[str], option: str) -> date | None:
 def ask(
     questions: list[str] = typer.Argument(..., help="One question, or several answered in one batched LLM call."),
     namespace: str = NAMESPACE_OPTION,
-    k: Optional[int] = typer.Option(None, "--k"),
+    k: int | None = typer.Option(None, "--k"),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Answer questions from the namespace's memories (one LLM call for all of them)."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            if len(questions) == 1:
-                answers = [memory.answer(questions[0], namespace=namespace, k=k)]
-            else:
-                answers = memory.answer_many(questions, namespace=namespace, k=k)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        if len(questions) == 1:
+            answers = [memory.answer(questions[0], namespace=namespace, k=k)]
+        else:
+            answers = memory.answer_many(questions, namespace=namespace, k=k)
     if as_json:
         print_json(answers[0] if len(answers) == 1 else answers)
         return
@@ -356,9 +388,14 @@ def ask(
 
 def print_answer(answer) -> None:
     console.print(f"[bold]Q:[/] {answer.question}")
-    console.print(f"[bold]A:[/] {answer.answer or '(no answer)'}" + (f"  [red]({answer.error})[/]" if answer.error else ""))
+    console.print(
+        f"[bold]A:[/] {answer.answer or '(no answer)'}" + (f"  [red]({answer.error})[/]" if answer.error else "")
+    )
     for memory in answer.cited:
-        console.print(f"  cites #{memory.id}: {memory.render()}  [dim]turns {', '.join(memory.source_turn_ids) or '-'} ({memory.provenance or 'no provenance'})[/]")
+        console.print(
+            f"  cites #{memory.id}: {memory.render()}  [dim]turns {', '.join(memory.source_turn_ids) or '-'} "
+            f"({memory.provenance or 'no provenance'})[/]"
+        )
     console.print(f"[dim]{answer.prompt_tokens} prompt tokens, {answer.latency_s:.1f}s[/]")
 
 
@@ -367,16 +404,15 @@ def print_answer(answer) -> None:
 
 @app.command()
 def stats(
-    namespace: Optional[str] = typer.Option(None, "--namespace", "-n"),
+    namespace: str | None = typer.Option(None, "--namespace", "-n"),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Counts of sessions, turns and memories by status."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            print_data(memory.stats(namespace), as_json)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        print_data(memory.stats(namespace), as_json)
 
 
 @app.command()
@@ -385,13 +421,12 @@ def export(
     namespace: str = NAMESPACE_OPTION,
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Export a namespace (sessions and memories with provenance) as JSONL."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            records = memory.export(namespace, out)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        records = memory.export(namespace, out)
     if as_json:
         print_json({"records": records, "path": str(out)})
     else:
@@ -401,16 +436,15 @@ def export(
 @app.command("import")
 def import_(
     path: Path = typer.Argument(..., help="JSONL written by `hybridmem export`; - reads stdin."),
-    namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="Import into this namespace instead."),
+    namespace: str | None = typer.Option(None, "--namespace", "-n", help="Import into this namespace instead."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Import a namespace export."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            print_data(memory.import_(path, namespace), as_json)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        print_data(memory.import_(path, namespace), as_json)
 
 
 @app.command()
@@ -419,15 +453,14 @@ def forget(
     yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Remove every trace of a namespace (rows, history, vectors, index files, exports, LLM cache)."""
     if not yes and not typer.confirm(f"Permanently remove namespace {namespace!r}?"):
         raise typer.Exit(code=1)
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            print_data(memory.forget(namespace), as_json)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        print_data(memory.forget(namespace), as_json)
 
 
 DEMO_SESSIONS = Path(__file__).parent / "examples" / "demo_sessions.jsonl"
@@ -439,8 +472,8 @@ def demo(
     question: list[str] = typer.Option(
         ["How long did Bob need for the Riverside 10K?", "What is the name of Alice's puppy?"], "--question", "-q"
     ),
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """The main job on the embedded default, offline: ingest + curate a small conversation, then answer."""
     started = time.perf_counter()
@@ -448,12 +481,15 @@ def demo(
     with reported(*USER_ERRORS):
         sessions = read_sessions_jsonl(DEMO_SESSIONS, "demo")
         with open_memory(db, config, overrides) as memory:
-            console.print(f"[bold]LLM:[/] {memory.config.llm.backend}:{memory.config.llm.model}  "
-                          f"[bold]embedder:[/] {memory.config.embedder.model}  [bold]store:[/] {db}")
+            console.print(
+                f"[bold]LLM:[/] {memory.config.llm.backend}:{memory.config.llm.model}  "
+                f"[bold]embedder:[/] {memory.config.embedder.model}  [bold]store:[/] {db}"
+            )
             report = memory.ingest(sessions, on_progress=progress())
             console.print(
                 f"curated {report.curated} sessions into {report.memories} memories "
-                f"({report.usage.requests} LLM calls, {report.usage.prompt_tokens} prompt / {report.usage.completion_tokens} completion tokens; "
+                f"({report.usage.requests} LLM calls, {report.usage.prompt_tokens} prompt / "
+                f"{report.usage.completion_tokens} completion tokens; "
                 f"{report.skipped} sessions already stored)" + curation_notes(report)
             )
             for q in question:
@@ -470,13 +506,12 @@ def consolidate(
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the clusters and the plan; change nothing."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Cluster memories (UMAP → HDBSCAN) and merge/delete them with the LLM, as one undoable run."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            report = memory.consolidate(namespace, dry_run=dry_run)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        report = memory.consolidate(namespace, dry_run=dry_run)
     if as_json:
         print_json(report)
     else:
@@ -488,15 +523,14 @@ def undo(
     run_id: int = typer.Argument(..., help="A consolidation run id (see `hybridmem consolidate`)."),
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Restore exactly the state before a consolidation run."""
     from hybridmem_local.consolidation import ConsolidationError
 
-    with reported(*USER_ERRORS, ConsolidationError):
-        with open_memory(db, config, overrides) as memory:
-            print_data(memory.undo(run_id), as_json)
+    with reported(*USER_ERRORS, ConsolidationError), open_memory(db, config, overrides) as memory:
+        print_data(memory.undo(run_id), as_json)
 
 
 @app.command()
@@ -505,19 +539,18 @@ def purge(
     namespace: str = NAMESPACE_OPTION,
     as_json: bool = JSON_OPTION,
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Physically remove memories retired longer ago than --older-than days (with their history)."""
-    with reported(*USER_ERRORS):
-        with open_memory(db, config, overrides) as memory:
-            print_data(memory.purge(namespace, timedelta(days=older_than_days)), as_json)
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        print_data(memory.purge(namespace, timedelta(days=older_than_days)), as_json)
 
 
 @app.command()
 def doctor(
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
     verify: bool = typer.Option(False, "--verify", help="Also recompute model checksums."),
     as_json: bool = JSON_OPTION,
 ) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 import typer
 import yaml
@@ -31,20 +32,31 @@ console = Console()
 #: errors cover a full disk, a read-only store or a missing directory; LLMError an unreachable
 #: server or a missing model.
 USER_ERRORS = (
-    InputFileError, ConfigError, StoreError, NotFoundError, ModelRegistryError, LLMError, ValueError,
-    sqlite3.Error, OSError,
+    InputFileError,
+    ConfigError,
+    StoreError,
+    NotFoundError,
+    ModelRegistryError,
+    LLMError,
+    ValueError,
+    sqlite3.Error,
+    OSError,
 )
 
 DB_OPTION = typer.Option(Path("hybridmem.db"), "--db", envvar="HYBRIDMEM_DB", help="SQLite store file.")
 CONFIG_OPTION = typer.Option(
-    None, "--config", "-c", envvar="HYBRIDMEM_CONFIG", help="YAML config (default: built-in paper defaults; - reads stdin)."
+    None,
+    "--config",
+    "-c",
+    envvar="HYBRIDMEM_CONFIG",
+    help="YAML config (default: built-in paper defaults; - reads stdin).",
 )
 NAMESPACE_OPTION = typer.Option("default", "--namespace", "-n", help="Namespace (one user or agent).")
 SET_OPTION = typer.Option(None, "--set", help="Config override KEY=VALUE (dotted key, YAML value), repeatable.")
 JSON_OPTION = typer.Option(False, "--json", help="Print the result as JSON instead of a table.")
 
 
-def parse_overrides(pairs: Optional[Sequence[str]]) -> dict[str, Any]:
+def parse_overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
     """``["retrieval.k=5", "llm.backend=transformers"]`` → ``{"retrieval.k": 5, ...}`` (values read as YAML)."""
     overrides = {}
     for pair in pairs or []:
@@ -55,12 +67,12 @@ def parse_overrides(pairs: Optional[Sequence[str]]) -> dict[str, Any]:
     return overrides
 
 
-def config_from(path: Optional[Path], overrides: Optional[Sequence[str]]) -> Config:
+def config_from(path: Path | None, overrides: Sequence[str] | None) -> Config:
     """The config a command runs with: the file (or defaults) with ``--set`` applied."""
     return load_config(path, parse_overrides(overrides))
 
 
-def open_memory(db: Path, config: Optional[Path], overrides: Optional[Sequence[str]] = None):
+def open_memory(db: Path, config: Path | None, overrides: Sequence[str] | None = None):
     from hybridmem_local.memory import HybridMemory
 
     return HybridMemory.open(db, config_from(config, overrides))
@@ -83,13 +95,17 @@ def print_data(data: Any, as_json: bool, columns: Iterable[str] | None = None, t
         return
     plain = jsonable(data)
     if isinstance(plain, list):
-        names = list(columns) if columns is not None else (list(plain[0]) if plain and isinstance(plain[0], dict) else ["value"])
+        names = (
+            list(columns)
+            if columns is not None
+            else (list(plain[0]) if plain and isinstance(plain[0], dict) else ["value"])
+        )
         table = Table(*names, title=title)
         for row in plain:
             table.add_row(*(_cell(row.get(name) if isinstance(row, dict) else row) for name in names))
     else:
         table = Table("field", "value", title=title)
-        for name, value in (plain.items() if isinstance(plain, dict) else [("value", plain)]):
+        for name, value in plain.items() if isinstance(plain, dict) else [("value", plain)]:
             table.add_row(name, _cell(value))
     console.print(table)
 

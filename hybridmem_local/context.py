@@ -22,7 +22,8 @@ selected in. The result reports the tokens used and the exact provenance covered
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Literal, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -99,7 +100,7 @@ def _fused_order(result: SearchResult, source_weights: Mapping[str, float] | Non
         "windows": [_Item("W", h.window) for h in result.windows],
     }
     keyed = {name: [(item.prefix, _item_id(item)) for item in group] for name, group in items.items()}
-    by_key = {key: item for name in items for key, item in zip(keyed[name], items[name])}
+    by_key = {key: item for name in items for key, item in zip(keyed[name], items[name], strict=True)}
     return [by_key[key] for key, _ in reciprocal_rank_fusion(keyed, k=DEFAULT_RRF_K, weights=source_weights)]
 
 
@@ -172,7 +173,7 @@ def _new_turns(items: list[_Item], shown: dict[str, set[int]]) -> dict[str, dict
     new: dict[str, dict[int, Turn]] = defaultdict(dict)
     for item in items:
         window = item.hit
-        for position, turn in zip(_positions(window), window.turns):
+        for position, turn in zip(_positions(window), window.turns, strict=True):
             if position not in shown[window.session_id]:
                 new[window.session_id][position] = turn
     return new
@@ -255,7 +256,7 @@ def _window_blocks(windows: list[EvidenceWindow]) -> list[tuple[str, list[Turn],
     sessions: dict[str, tuple[EvidenceWindow, dict[int, Turn]]] = {}
     for window in windows:
         _, turns = sessions.setdefault(window.session_id, (window, {}))
-        turns.update(zip(range(window.start, window.start + len(window.turns)), window.turns))
+        turns.update(zip(range(window.start, window.start + len(window.turns)), window.turns, strict=True))
     blocks: list[tuple[str, list[Turn], list[str]]] = []
     for first, turns in sorted(sessions.values(), key=lambda pair: (pair[0].session_date, pair[0].session_id)):
         header = [_session_header(first)]

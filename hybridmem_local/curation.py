@@ -41,10 +41,10 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
-from functools import lru_cache
-from typing import Sequence
+from functools import cache
 
 from dateutil import parser as date_parser
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -60,8 +60,8 @@ from hybridmem_local.schema import (
     CurationResult,
     EpisodeDraft,
     Session,
-    Turn,
     TupleDraft,
+    Turn,
     clean_cited_id,
 )
 from hybridmem_local.usage import LLMUsage
@@ -129,7 +129,7 @@ class CurationReply(_Reply):
     tuples: list[TupleReply]
 
 
-@lru_cache(maxsize=None)
+@cache
 def reply_schema(max_episodes: int, max_tuples: int) -> type[CurationReply]:
     """:class:`CurationReply` with list sizes capped in its JSON schema (validation stays lenient)."""
     return create_model(
@@ -237,7 +237,10 @@ def episode_problem(episode: EpisodeReply) -> str | None:
     whole = content_problem(" ".join((episode.title, episode.summary, episode.details)))
     if whole is not None:
         return whole
-    return next((p for p in map(content_problem, (episode.summary, episode.details)) if p == "a phrase repeated in a loop"), None)
+    return next(
+        (p for p in map(content_problem, (episode.summary, episode.details)) if p == "a phrase repeated in a loop"),
+        None,
+    )
 
 
 def tuple_problem(fact: TupleReply) -> str | None:
@@ -311,16 +314,23 @@ def check_curation_reply(
 
     episodes = [
         EpisodeDraft(
-            title=e.title, summary=e.summary, details=e.details,
-            timestamp=timestamp(e.timestamp), source_turn_ids=cited(e.source_turn_ids),
+            title=e.title,
+            summary=e.summary,
+            details=e.details,
+            timestamp=timestamp(e.timestamp),
+            source_turn_ids=cited(e.source_turn_ids),
         )
         for e in reply.episodes
         if id(e) not in problems
     ]
     tuples = [
         TupleDraft(
-            entity=t.entity, relation=t.relation, object=t.object, timestamp=timestamp(t.timestamp),
-            context=t.context, source_turn_ids=cited(t.source_turn_ids),
+            entity=t.entity,
+            relation=t.relation,
+            object=t.object,
+            timestamp=timestamp(t.timestamp),
+            context=t.context,
+            source_turn_ids=cited(t.source_turn_ids),
         )
         for t in reply.tuples
         if id(t) not in problems
@@ -389,7 +399,8 @@ class Curator:
         self.llm_config = llm_config
         self.config = config
         settings = AlignmentSettings(
-            max_turns=config.align_max_turns, min_score=config.align_min_score,
+            max_turns=config.align_max_turns,
+            min_score=config.align_min_score,
             lexical_weight=config.align_lexical_weight,
         )
         self.aligner = Aligner(embed, settings) if embed is not None else None
@@ -513,8 +524,11 @@ class Curator:
                     tally.failed_first += 1
                 if result.ok and isinstance(result.parsed, CurationReply):
                     checked = check_curation_reply(
-                        result.parsed, window.turn_ids, window.session.started_at.date(),
-                        window.lines, self.config.max_ungrounded_share,
+                        result.parsed,
+                        window.turn_ids,
+                        window.session.started_at.date(),
+                        window.lines,
+                        self.config.max_ungrounded_share,
                     )
                     tally.parts.append((window.start, self._align(checked, window)))
                 else:
@@ -527,7 +541,7 @@ class Curator:
                     tallies[window.session_index].errors.append(f"{window.describe()}: {error}")
             pending = [half for window, _ in failed for half in window.halves()]
 
-        return [self._outcome(session, tally) for session, tally in zip(sessions, tallies)]
+        return [self._outcome(session, tally) for session, tally in zip(sessions, tallies, strict=True)]
 
     def _align(self, checked: _Checked, window: Window) -> _Checked:
         """Give every memory left without a valid cited id the turns of ``window`` it matches best."""
@@ -535,7 +549,10 @@ class Curator:
             return checked
         bare = [m for m in (*checked.episodes, *checked.tuples) if not m.source_turn_ids]
         found = self.aligner.align_all([memory_text(m) for m in bare], window.turns)
-        aligned = {id(m): m.model_copy(update={"source_turn_ids": ids, "provenance": "aligned"}) for m, ids in zip(bare, found)}
+        aligned = {
+            id(m): m.model_copy(update={"source_turn_ids": ids, "provenance": "aligned"})
+            for m, ids in zip(bare, found, strict=True)
+        }
         checked.episodes = [aligned.get(id(m), m) for m in checked.episodes]
         checked.tuples = [aligned.get(id(m), m) for m in checked.tuples]
         checked.aligned = len(aligned)

@@ -17,12 +17,11 @@ are. Text that is already annotated is left alone, so annotating twice changes n
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from typing import Callable
 
 from dateutil.relativedelta import relativedelta
-
 
 # --------------------------------------------------------------------------- units
 
@@ -43,17 +42,19 @@ UNITS: dict[str, Unit] = {
     # Weeks start on Monday; "last week" is the whole previous week, labelled by its Monday.
     "week": Unit(lambda ref, n: _monday(ref) + timedelta(weeks=n), lambda d: f"week of {d.isoformat()}"),
     # A weekend is labelled by its Saturday; "this weekend" is the one of the current week.
-    "weekend": Unit(
-        lambda ref, n: _monday(ref) + timedelta(days=5, weeks=n), lambda d: f"weekend of {d.isoformat()}"
-    ),
+    "weekend": Unit(lambda ref, n: _monday(ref) + timedelta(days=5, weeks=n), lambda d: f"weekend of {d.isoformat()}"),
     "month": Unit(lambda ref, n: ref + relativedelta(months=n), lambda d: f"{d:%Y-%m}"),
     "year": Unit(lambda ref, n: ref + relativedelta(years=n), lambda d: f"{d:%Y}"),
 }
 
 #: Count words → (number, approximate).
 COUNTS: dict[str, tuple[int, bool]] = {
-    **{w: (i, False) for i, w in enumerate(
-        "one two three four five six seven eight nine ten eleven twelve".split(), start=1)},
+    **{
+        w: (i, False)
+        for i, w in enumerate(
+            ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"], start=1
+        )
+    },
     "a": (1, False),
     "an": (1, False),
     "a couple of": (2, True),
@@ -65,10 +66,18 @@ COUNTS: dict[str, tuple[int, bool]] = {
 }
 
 WEEKDAYS: dict[str, int] = {
-    **{name: i for i, name in enumerate(
-        ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"))},
+    **{
+        name: i for i, name in enumerate(("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"))
+    },
     # Short forms that are not also common words ("sat", "sun" are left out).
-    "mon": 0, "tue": 1, "tues": 1, "wed": 2, "thu": 3, "thur": 3, "thurs": 3, "fri": 4,
+    "mon": 0,
+    "tue": 1,
+    "tues": 1,
+    "wed": 2,
+    "thu": 3,
+    "thur": 3,
+    "thurs": 3,
+    "fri": 4,
 }
 
 #: Month a season starts in (northern hemisphere); it lasts three months.
@@ -210,7 +219,7 @@ def annotate_relative_dates(text: str, reference: datetime | date) -> str:
     for match, rule in matches:
         if match.start() < position or _ANNOTATED.match(text, match.end()):
             continue
-        out.append(text[position:match.end()])
+        out.append(text[position : match.end()])
         out.append(" " + rule.resolve(match, ref).annotation())
         position = match.end()
     out.append(text[position:])

@@ -27,8 +27,9 @@ consolidation still does the semantic merging of memories that say the same in o
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -114,7 +115,7 @@ def plan_duplicates(
     whatever their timestamps."""
     plan = DuplicatePlan()
     new_vectors: list[np.ndarray] = []
-    for memory, vector in zip(memories, vectors):
+    for memory, vector in zip(memories, vectors, strict=True):
         key = content_key(memory)
         match = _in_batch(plan.new, new_vectors, memory, vector, key, threshold, same_session)
         if match is None:
@@ -141,11 +142,16 @@ def _similarity(memory: Draft, key: str, other: Draft, cosine: float) -> tuple[f
 
 
 def _in_batch(
-    new: list[Draft], new_vectors: list[np.ndarray], memory: Draft, vector: np.ndarray, key: str,
-    threshold: float, same_session: bool,
+    new: list[Draft],
+    new_vectors: list[np.ndarray],
+    memory: Draft,
+    vector: np.ndarray,
+    key: str,
+    threshold: float,
+    same_session: bool,
 ) -> tuple[tuple[Literal["new"], int], str] | None:
     best: tuple[float, int, str] | None = None
-    for index, (other, other_vector) in enumerate(zip(new, new_vectors)):
+    for index, (other, other_vector) in enumerate(zip(new, new_vectors, strict=True)):
         if kind_of(other) != kind_of(memory) or not (same_session or other.timestamp == memory.timestamp):
             continue
         score, why = _similarity(memory, key, other, float(other_vector @ vector))
@@ -155,13 +161,17 @@ def _in_batch(
 
 
 def _in_store(
-    memory: Draft, stored: list[Episode | RelationalTuple], vectors_of: Vectors, vector: np.ndarray, key: str,
+    memory: Draft,
+    stored: list[Episode | RelationalTuple],
+    vectors_of: Vectors,
+    vector: np.ndarray,
+    key: str,
     threshold: float,
 ) -> tuple[tuple[Literal["existing"], int], str] | None:
     if not stored:
         return None
     cosines = vectors_of([m.index_text() for m in stored]) @ vector
-    scored = [_similarity(memory, key, m, float(c)) for m, c in zip(stored, cosines)]
+    scored = [_similarity(memory, key, m, float(c)) for m, c in zip(stored, cosines, strict=True)]
     best = max(range(len(stored)), key=lambda i: scored[i][0])
     if scored[best][0] < threshold:
         return None
@@ -172,6 +182,7 @@ def fold_repeats(store: MemoryStore, plan: DuplicatePlan, new_ids: Sequence[int]
     """Once ``plan.new`` is inserted as ``new_ids``: give each repeated row the source turns of
     its repeats (one ``duplicate`` event each; inside the caller's transaction) and return, per
     planned memory, the id of the row that holds it."""
+
     def row(of: tuple[str, int]) -> int:
         where, index = of
         return new_ids[index] if where == "new" else index

@@ -156,10 +156,15 @@ def _llm_tiers(config: Config) -> list[dict[str, Any]]:
         except model_registry.ModelRegistryError:
             where, installed = entry.obtain_command(), False
         size = sum(f.size or 0 for f in entry.files)
-        rows.append({
-            "name": entry.name, "installed": installed, "size": size, "where": where,
-            "configured": config.llm.backend == "llamacpp" and config.llm.model == entry.name,
-        })
+        rows.append(
+            {
+                "name": entry.name,
+                "installed": installed,
+                "size": size,
+                "where": where,
+                "configured": config.llm.backend == "llamacpp" and config.llm.model == entry.name,
+            }
+        )
     return rows
 
 
@@ -232,8 +237,10 @@ def _config_settings(config: Config) -> dict[str, str]:
         usable, why = cuml_usable()
         clusterer = f"auto → {'gpu (cuML)' if usable else 'cpu'}: {why}"
     hdbscan, umap = consolidation.hdbscan, consolidation.umap
-    llm_line = (f"{llm.backend}: {llm.path or llm.model}, context {llm.context_tokens} tokens, "
-                f"thinking {'on' if llm.enable_thinking else 'off'}")
+    llm_line = (
+        f"{llm.backend}: {llm.path or llm.model}, context {llm.context_tokens} tokens, "
+        f"thinking {'on' if llm.enable_thinking else 'off'}"
+    )
     if llm.backend == "openai-server":
         llm_line += f", base url {llm.base_url}"
     elif llm.backend == "vllm-offline":
@@ -248,16 +255,20 @@ def _config_settings(config: Config) -> dict[str, str]:
         llm_line += ", " + ", ".join(engine)
     settings = {
         "llm": llm_line,
-        "judge": "the llm above" if config.judge is None else f"{config.judge.backend}: {config.judge.path or config.judge.model}",
+        "judge": "the llm above"
+        if config.judge is None
+        else f"{config.judge.backend}: {config.judge.path or config.judge.model}",
         "embedder": f"{config.embedder.path or config.embedder.model} on {config.embedder.device}",
         "retrieval": f"{retrieval.mode}, k {retrieval.k} episodes + {retrieval.tuple_multiplier * retrieval.k} tuples, "
-                     f"sources {', '.join(retrieval.sources)}"
-                     + (f", budget {retrieval.context_budget} tokens" if retrieval.context_budget else ""),
+        f"sources {', '.join(retrieval.sources)}"
+        + (f", budget {retrieval.context_budget} tokens" if retrieval.context_budget else ""),
         "curation": f"{config.curation.mode}, {config.curation.batch_sessions} sessions per batch",
-        "consolidation": (f"every {consolidation.every_n_sessions} sessions" if consolidation.every_n_sessions
-                          else "on demand only") + f"; UMAP {umap.metric} "
-                         f"n_neighbors {umap.n_neighbors} n_components {umap.n_components}; HDBSCAN "
-                         f"{hdbscan.cluster_selection_method} min_cluster_size {hdbscan.min_cluster_size}",
+        "consolidation": (
+            f"every {consolidation.every_n_sessions} sessions" if consolidation.every_n_sessions else "on demand only"
+        )
+        + f"; UMAP {umap.metric} "
+        f"n_neighbors {umap.n_neighbors} n_components {umap.n_components}; HDBSCAN "
+        f"{hdbscan.cluster_selection_method} min_cluster_size {hdbscan.min_cluster_size}",
         "clusterer": clusterer,
     }
     return settings
@@ -282,9 +293,11 @@ def render_doctor(report: dict[str, Any]) -> RenderableType:
         tiers.add_column(column, overflow="fold")
     for tier in report["llm_tiers"]:
         tiers.add_row(
-            tier["name"], f"{tier['size'] / 1e6:.0f} MB",
+            tier["name"],
+            f"{tier['size'] / 1e6:.0f} MB",
             Text("yes", style="green") if tier["installed"] else Text("no", style="dim"),
-            Text("yes", style="bold") if tier["configured"] else "", tier["where"],
+            Text("yes", style="bold") if tier["configured"] else "",
+            tier["where"],
         )
 
     backends = Table(title="Backends", title_justify="left")

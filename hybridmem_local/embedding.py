@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -46,7 +47,9 @@ class SentenceTransformerEmbedder:
         log.info("loaded embedder %s from %s on %s in %.1fs", model_id, path, device, time.perf_counter() - started)
         self.model_id = model_id
         # sentence-transformers 6 renamed the accessor; older releases only have the long name.
-        dimension_of = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        dimension_of = (
+            getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        )
         self.dimension = int(dimension_of())
         self.batch_size = batch_size
 

@@ -7,8 +7,8 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from pydantic import BaseModel
 
@@ -104,7 +104,8 @@ class GenerationFiles:
         if not self.directory.exists():
             return []
         return sorted(
-            p for p in self.directory.iterdir()
+            p
+            for p in self.directory.iterdir()
             if p == self.manifest_path or self._generation_file.match(p.name) or self._temp_manifest.fullmatch(p.name)
         )
 
@@ -128,7 +129,8 @@ class GenerationFiles:
                 path.unlink(missing_ok=True)
         current = self.committed()
         remove_orphans(
-            p for p in self.files()
+            p
+            for p in self.files()
             if p != self.manifest_path and not (current is not None and p in self._files_of(current))
         )
         return generation

@@ -8,7 +8,8 @@ found by one ranking alone still ranks above items found by none.
 
 from __future__ import annotations
 
-from typing import Hashable, Mapping, Sequence, TypeVar
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 Item = TypeVar("Item", bound=Hashable)
 

@@ -11,8 +11,8 @@ live label never points at an outdated vector.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import hnswlib
 import numpy as np
@@ -95,7 +95,8 @@ class VectorIndex:
                 return "label file does not match manifest"
             index = hnswlib.Index(space="cosine", dim=self.dim)
             index.load_index(
-                str(self._files.path(manifest.generation, "hnsw")), max_elements=max(manifest.count, self.config.initial_capacity)
+                str(self._files.path(manifest.generation, "hnsw")),
+                max_elements=max(manifest.count, self.config.initial_capacity),
             )
             index.set_ef(self.config.ef_search)
         except Exception as exc:  # any unreadable file means: rebuild from SQLite
@@ -135,7 +136,10 @@ class VectorIndex:
             np.save(self._files.path(generation, "labels.npy"), live)
 
         self._files.save(
-            write, lambda generation: IndexManifest(model_id=self.model_id, dim=self.dim, count=len(live), generation=generation)
+            write,
+            lambda generation: IndexManifest(
+                model_id=self.model_id, dim=self.dim, count=len(live), generation=generation
+            ),
         )
         self._dirty = False
 
@@ -190,4 +194,4 @@ class VectorIndex:
             # Many deleted labels can starve the beam search; widen it to the whole graph.
             self._index.set_ef(len(self._known))
             labels, distances = self._index.knn_query(query, k=k)
-        return [(int(label), 1.0 - float(d)) for label, d in zip(labels[0], distances[0])]
+        return [(int(label), 1.0 - float(d)) for label, d in zip(labels[0], distances[0], strict=True)]

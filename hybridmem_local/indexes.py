@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 import shutil
 import sqlite3
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -85,7 +86,7 @@ class StoreIndexes:
         if missing:
             vectors = embedder.embed(missing)
             self._cache_embeddings(namespace, embedder.model_id, missing, vectors)
-            cached.update({text_hash(t): v for t, v in zip(missing, vectors)})
+            cached.update({text_hash(t): v for t, v in zip(missing, vectors, strict=True)})
         return np.stack([cached[text_hash(t)] for t in texts])
 
     def _cache_embeddings(self, namespace: str, model_id: str, texts: Sequence[str], vectors: np.ndarray) -> None:
@@ -109,7 +110,7 @@ class StoreIndexes:
         missing = sorted({t for t in texts if text_hash(t) not in cached})
         empty = np.zeros((0, embedder.dimension), dtype=np.float32)
         vectors = embedder.embed(missing) if missing else empty
-        cached.update({text_hash(t): v for t, v in zip(missing, vectors)})
+        cached.update({text_hash(t): v for t, v in zip(missing, vectors, strict=True)})
         return missing, vectors, np.stack([cached[text_hash(t)] for t in texts]) if texts else empty
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -132,7 +133,8 @@ class StoreIndexes:
                 )
                 self._synced_at.pop(("dense", *key), None)
             self._catch_up(
-                ("dense", *key), index,
+                ("dense", *key),
+                index,
                 lambda: index.sync(windows.ids(), lambda ids: self.embed(namespace, windows.texts(ids))),
                 before=lambda: self._refresh_windows(namespace),
             )
@@ -143,8 +145,11 @@ class StoreIndexes:
                 self.directory(namespace), kind, embedder.model_id, embedder.dimension, self.config.index
             )
         self._catch_up(
-            ("dense", *key), index,
-            lambda: index.sync(self.store.active_ids(namespace, kind), lambda ids: self._memory_vectors(namespace, ids)),
+            ("dense", *key),
+            index,
+            lambda: index.sync(
+                self.store.active_ids(namespace, kind), lambda ids: self._memory_vectors(namespace, ids)
+            ),
         )
         return index
 
@@ -158,7 +163,9 @@ class StoreIndexes:
                 index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, windows.recipe)
                 self._synced_at.pop(("lexical", *key), None)
             self._catch_up(
-                ("lexical", *key), index, lambda: index.sync(windows.ids(), windows.texts),
+                ("lexical", *key),
+                index,
+                lambda: index.sync(windows.ids(), windows.texts),
                 before=lambda: self._refresh_windows(namespace),
             )
             return index
@@ -166,7 +173,8 @@ class StoreIndexes:
         if index is None:
             index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, MEMORY_RECIPE)
         self._catch_up(
-            ("lexical", *key), index,
+            ("lexical", *key),
+            index,
             lambda: index.sync(self.store.active_ids(namespace, kind), lambda ids: self._memory_texts(ids)),
         )
         return index

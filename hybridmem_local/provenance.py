@@ -22,13 +22,13 @@ text, candidate turns) pair; :class:`Aligner` adds the embedding.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybridmem_local.lexical import tokenize
-from hybridmem_local.schema import EpisodeDraft, Turn, TupleDraft, turn_line
+from hybridmem_local.schema import EpisodeDraft, TupleDraft, Turn, turn_line
 
 #: Embeds texts into L2-normalised rows (``Embedder.embed``).
 Embed = Callable[[Sequence[str]], np.ndarray]
@@ -71,7 +71,11 @@ def alignment_scores(
     likely its source. Vectors are L2-normalised rows, one per text."""
     stems = [set(s) for s in tokenize([*memory_texts, *turn_texts])]
     memory_stems, turn_stems = stems[: len(memory_texts)], stems[len(memory_texts) :]
-    lexical = np.stack([lexical_overlap(m, turn_stems) for m in memory_stems]) if memory_stems else np.zeros((0, len(turn_texts)))
+    lexical = (
+        np.stack([lexical_overlap(m, turn_stems) for m in memory_stems])
+        if memory_stems
+        else np.zeros((0, len(turn_texts)))
+    )
     cosine = np.asarray(memory_vectors, dtype=np.float32) @ np.asarray(turn_vectors, dtype=np.float32).T
     return lexical_weight * lexical + (1.0 - lexical_weight) * cosine
 

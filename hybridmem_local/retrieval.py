@@ -24,9 +24,10 @@ with short ids (E1, T3, W2) the answer can cite.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -124,7 +125,8 @@ class Retriever:
         if candidates:
             limits = {name: max(limit, config.candidate_depth) for name, limit in limits.items()}
         searched: dict[str, SourceKind] = {
-            name: "window" if name == "windows" else _STORE_KINDS[name] for name in config.sources
+            name: "window" if name == "windows" else _STORE_KINDS[name]
+            for name in config.sources
             if name == "windows" or filters.kinds is None or _STORE_KINDS[name] in filters.kinds
         }
         depths = {kind: self._depth(limits[name], filters) for name, kind in searched.items()}
@@ -139,13 +141,28 @@ class Retriever:
             for name, kind in searched.items():
                 if kind == "window":
                     result.windows = self._filtered(
-                        query, vector, namespace, kind, limits[name], filters, started[kind],
-                        lambda ranking: [WindowHit(window=w, score=s) for w, s in _found(ranking, self.indexes.windows(namespace, [i for i, _ in ranking]))],
+                        query,
+                        vector,
+                        namespace,
+                        kind,
+                        limits[name],
+                        filters,
+                        started[kind],
+                        lambda ranking: [
+                            WindowHit(window=w, score=s)
+                            for w, s in _found(ranking, self.indexes.windows(namespace, [i for i, _ in ranking]))
+                        ],
                         lambda hit: filters.keeps_timestamp(hit.window.session_date.date().isoformat()),
                     )
                 else:
                     hits = self._filtered(
-                        query, vector, namespace, kind, limits[name], filters, started[kind],
+                        query,
+                        vector,
+                        namespace,
+                        kind,
+                        limits[name],
+                        filters,
+                        started[kind],
                         lambda ranking: _hits(ranking, self.store.get_memories([i for i, _ in ranking])),
                         lambda hit: filters.keeps_timestamp(hit.memory.timestamp),
                     )
@@ -209,7 +226,12 @@ class Retriever:
             depth *= 4
 
     def _rank(
-        self, query: str, vector: np.ndarray | None, namespace: str, kind: SourceKind, limit: int,
+        self,
+        query: str,
+        vector: np.ndarray | None,
+        namespace: str,
+        kind: SourceKind,
+        limit: int,
         ranked: Mapping[str, Ranking],
     ) -> Ranking:
         """One store's ranking: dense, lexical, or both fused (each ``candidate_depth`` deep);
@@ -219,7 +241,9 @@ class Retriever:
         if config.mode != "lexical":
             dense = ranked["dense"] if "dense" in ranked else self.indexes.dense(namespace, kind).search(vector, depth)
         if config.mode != "dense":
-            lexical = ranked["lexical"] if "lexical" in ranked else self.indexes.lexical(namespace, kind).search(query, depth)
+            lexical = (
+                ranked["lexical"] if "lexical" in ranked else self.indexes.lexical(namespace, kind).search(query, depth)
+            )
         if config.mode == "dense":
             return dense
         if config.mode == "lexical":

@@ -10,9 +10,10 @@ ever lost silently: consolidation marks rows superseded or deleted instead of re
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Iterable, Literal, Sequence
+from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema

@@ -8,8 +8,9 @@ this file. Design choices:
   doubles as the hnswlib label.
 * Memory content is immutable once written; only ``status`` / ``superseded_by`` /
   ``status_reason`` change, and the source turns grow (a union, never a loss) when curation
-  meets the same memory again (:meth:`MemoryStore.add_source_turns`). Consolidation inserts new rows instead of editing old ones, so
-  an index never holds a stale vector for a live id, and undo is a status flip.
+  meets the same memory again (:meth:`MemoryStore.add_source_turns`). Consolidation inserts new
+  rows instead of editing old ones, so an index never holds a stale vector for a live id, and
+  undo is a status flip.
 * Every change is a row in the append-only ``events`` table with before/after JSON.
 * WAL mode + busy timeout: concurrent readers and writers in several processes wait for
   each other instead of failing; each session is written in one transaction.
@@ -22,10 +23,11 @@ import hashlib
 import json
 import os
 import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -35,11 +37,11 @@ from hybridmem_local.schema import (
     EpisodeDraft,
     MemoryKind,
     MemoryStatus,
+    Provenance,
     RelationalTuple,
     Session,
-    Provenance,
-    Turn,
     TupleDraft,
+    Turn,
     check_namespace,
     combine_provenance,
     provenance_of,
@@ -329,10 +331,13 @@ class MemoryStore:
 
     def fingerprint(self, namespace: str) -> tuple[int, int, int]:
         """(sessions, memories, highest memory id): changes whenever the namespace gains either."""
-        return tuple(self.conn.execute(
-            "SELECT (SELECT count(*) FROM sessions WHERE namespace = ?), count(*), coalesce(max(id), 0) "
-            "FROM memories WHERE namespace = ?", (namespace, namespace),
-        ).fetchone())
+        return tuple(
+            self.conn.execute(
+                "SELECT (SELECT count(*) FROM sessions WHERE namespace = ?), count(*), coalesce(max(id), 0) "
+                "FROM memories WHERE namespace = ?",
+                (namespace, namespace),
+            ).fetchone()
+        )
 
     # ------------------------------------------------------------------ namespaces
 
@@ -362,7 +367,9 @@ class MemoryStore:
         counts: dict[str, int] = {}
         with self.transaction() as c:
             for table in ("memories", "sessions", "events", "embeddings", "consolidation_runs"):
-                counts[table] = c.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", (namespace,)).fetchone()[0]
+                counts[table] = c.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", (namespace,)).fetchone()[
+                    0
+                ]
             # Superseded pointers reference rows of the same namespace; clear them before delete.
             c.execute("UPDATE memories SET superseded_by = NULL WHERE namespace = ?", (namespace,))
             c.execute("DELETE FROM events WHERE namespace = ?", (namespace,))
@@ -388,7 +395,9 @@ class MemoryStore:
                 "SELECT 1 FROM sessions WHERE namespace = ? AND session_id = ?",
                 (session.namespace, session.session_id),
             ).fetchone():
-                raise DuplicateSessionError(f"session {session.session_id!r} already exists in namespace {session.namespace!r}")
+                raise DuplicateSessionError(
+                    f"session {session.session_id!r} already exists in namespace {session.namespace!r}"
+                )
             clash = self._existing_turn_ids(session.namespace, [t.turn_id for t in session.turns])
             if clash:
                 raise StoreError(
@@ -474,7 +483,9 @@ class MemoryStore:
             raise NotFoundError(f"no session {session_id!r} in namespace {namespace!r}")
         return self._session_record(row)
 
-    def iter_sessions(self, namespace: str | None = None, curation_status: str | None = None) -> Iterator[SessionRecord]:
+    def iter_sessions(
+        self, namespace: str | None = None, curation_status: str | None = None
+    ) -> Iterator[SessionRecord]:
         sql, args = "SELECT * FROM sessions WHERE 1=1", []
         if namespace is not None:
             sql, args = sql + " AND namespace = ?", [*args, namespace]
@@ -523,9 +534,11 @@ class MemoryStore:
 
     def turns_marker(self, namespace: str) -> tuple[int, int]:
         """(turns, highest turn row id) of a namespace: changes whenever it gains turns."""
-        return tuple(self.conn.execute(
-            "SELECT count(*), coalesce(max(id), 0) FROM turns WHERE namespace = ?", (namespace,)
-        ).fetchone())
+        return tuple(
+            self.conn.execute(
+                "SELECT count(*), coalesce(max(id), 0) FROM turns WHERE namespace = ?", (namespace,)
+            ).fetchone()
+        )
 
     def turn_rows(self, namespace: str) -> list[sqlite3.Row]:
         """Every turn of a namespace with its session id and start, sessions in chronological order."""
@@ -565,7 +578,8 @@ class MemoryStore:
                 data = _memory_columns(memory)
                 session_id = getattr(memory, "source_session_id", None) or source_session_id
                 memory_id = c.execute(
-                    "INSERT INTO memories (namespace, kind, title, summary, details, entity, relation, object, context, "
+                    "INSERT INTO memories (namespace, kind, title, summary, details, entity, relation, object, "
+                    "context, "
                     "timestamp, source_session_id, source_turn_ids, provenance, created_at) "
                     "VALUES (:namespace, :kind, :title, :summary, :details, :entity, :relation, :object, :context, "
                     ":timestamp, :source_session_id, :source_turn_ids, :provenance, :created_at)",
@@ -592,8 +606,13 @@ class MemoryStore:
                 (MemoryStatus(status).value, superseded_by, reason, memory_id),
             )
             self._event(
-                before["namespace"], action or MemoryStatus(status).value, memory_id, run_id, before,
-                self._memory_json(memory_id), reason,
+                before["namespace"],
+                action or MemoryStatus(status).value,
+                memory_id,
+                run_id,
+                before,
+                self._memory_json(memory_id),
+                reason,
             )
 
     def duplicate_candidates(
@@ -652,10 +671,12 @@ class MemoryStore:
         return [i for i in ids if i not in rows or rows[i]["status"] != MemoryStatus.active.value]
 
     def _memory_json(self, memory_id: int) -> dict[str, Any]:
-        row = self.conn.execute(f"SELECT {_MEMORY_COLUMNS}, status_reason FROM memories WHERE id = ?", (memory_id,)).fetchone()
+        row = self.conn.execute(
+            f"SELECT {_MEMORY_COLUMNS}, status_reason FROM memories WHERE id = ?", (memory_id,)
+        ).fetchone()
         if row is None:
             raise NotFoundError(f"no memory with id {memory_id}")
-        return {k: row[k] for k in row.keys()}
+        return dict(zip(row.keys(), row, strict=True))  # a sqlite3.Row iterates over values, not keys
 
     def get_memory(self, memory_id: int) -> Episode | RelationalTuple:
         row = self.conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = ?", (memory_id,)).fetchone()
@@ -722,8 +743,15 @@ class MemoryStore:
             c.execute(
                 "INSERT INTO api_keys (key_id, salt, key_hash, role, namespaces, label, created_at, revoked_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
-                (key.key_id, key.salt, key.key_hash, key.role, json.dumps(key.namespaces), key.label,
-                 key.created_at.isoformat()),
+                (
+                    key.key_id,
+                    key.salt,
+                    key.key_hash,
+                    key.role,
+                    json.dumps(key.namespaces),
+                    key.label,
+                    key.created_at.isoformat(),
+                ),
             )
             self._key_events(key, "key_created")
 
@@ -786,14 +814,17 @@ class MemoryStore:
         ]
 
     def run_events(self, run_id: int) -> list[Event]:
-        return [_row_to_event(r) for r in self.conn.execute("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))]
+        return [
+            _row_to_event(r) for r in self.conn.execute("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
+        ]
 
     # ------------------------------------------------------------------ consolidation runs
 
     def start_consolidation_run(self, namespace: str, backend: str, params: dict[str, Any]) -> int:
         """A new run row, status 'applied' (it commits with the changes it makes)."""
         return self.conn.execute(
-            "INSERT INTO consolidation_runs (namespace, started_at, status, backend, params) VALUES (?, ?, 'applied', ?, ?)",
+            "INSERT INTO consolidation_runs (namespace, started_at, status, backend, params) VALUES (?, ?, "
+            "'applied', ?, ?)",
             (namespace, utcnow().isoformat(), backend, json.dumps(params)),
         ).lastrowid
 
@@ -837,9 +868,12 @@ class MemoryStore:
         events: list[Event] = []
         for chunk in _chunks(memory_ids):
             marks = ",".join("?" * len(chunk))
-            events += [_row_to_event(r) for r in self.conn.execute(
-                f"SELECT * FROM events WHERE memory_id IN ({marks}) AND id > ? ORDER BY id", (*chunk, event_id)
-            )]
+            events += [
+                _row_to_event(r)
+                for r in self.conn.execute(
+                    f"SELECT * FROM events WHERE memory_id IN ({marks}) AND id > ? ORDER BY id", (*chunk, event_id)
+                )
+            ]
         return sorted(events, key=lambda e: e.id)
 
     # ------------------------------------------------------------------ purge
@@ -858,9 +892,11 @@ class MemoryStore:
 
     def superseded_pointers(self, namespace: str) -> dict[int, int]:
         """memory id → the id of the memory that superseded it."""
-        return dict(self.conn.execute(
-            "SELECT id, superseded_by FROM memories WHERE namespace = ? AND superseded_by IS NOT NULL", (namespace,)
-        ).fetchall())
+        return dict(
+            self.conn.execute(
+                "SELECT id, superseded_by FROM memories WHERE namespace = ? AND superseded_by IS NOT NULL", (namespace,)
+            ).fetchall()
+        )
 
     def delete_memories(
         self, namespace: str, ids: Sequence[int], text_hashes: Sequence[str], record: dict[str, Any], reason: str
@@ -896,7 +932,8 @@ class MemoryStore:
         for chunk in _chunks(hashes):
             marks = ",".join("?" * len(chunk))
             for h, dim, blob in self.conn.execute(
-                f"SELECT text_hash, dim, vector FROM embeddings WHERE namespace = ? AND model_id = ? AND text_hash IN ({marks})",
+                "SELECT text_hash, dim, vector FROM embeddings WHERE namespace = ? AND model_id = ? AND text_hash "
+                f"IN ({marks})",
                 (namespace, model_id, *chunk),
             ):
                 found[h] = np.frombuffer(blob, dtype=np.float32, count=dim)
@@ -907,8 +944,12 @@ class MemoryStore:
         with self.transaction() as c:
             self.ensure_namespace(namespace)
             c.executemany(
-                "INSERT OR REPLACE INTO embeddings (namespace, model_id, text_hash, dim, vector) VALUES (?, ?, ?, ?, ?)",
-                [(namespace, model_id, text_hash(t), vectors.shape[1], v.tobytes()) for t, v in zip(texts, vectors)],
+                "INSERT OR REPLACE INTO embeddings (namespace, model_id, text_hash, dim, vector) VALUES (?, ?, ?, ?, "
+                "?)",
+                [
+                    (namespace, model_id, text_hash(t), vectors.shape[1], v.tobytes())
+                    for t, v in zip(texts, vectors, strict=True)
+                ],
             )
 
 
@@ -927,7 +968,9 @@ def _memory_columns(memory: BaseModel) -> dict[str, Any]:
     fields = ("title", "summary", "details", "entity", "relation", "object", "context")
     data = {f: getattr(memory, f, None) for f in fields}
     data.update(
-        kind=kind, timestamp=memory.timestamp, source_turn_ids=json.dumps(list(memory.source_turn_ids)),
+        kind=kind,
+        timestamp=memory.timestamp,
+        source_turn_ids=json.dumps(list(memory.source_turn_ids)),
         provenance=memory.provenance,
     )
     return data

@@ -8,7 +8,7 @@ ingest and evaluation count with and report.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from hybridmem_local.llm.base import LLMResult
 from hybridmem_local.schema import StrictModel

@@ -14,8 +14,8 @@ of a namespace's turns is an exact change marker: windows are reloaded only when
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Sequence
 
 import numpy as np
 
@@ -66,17 +66,21 @@ def with_source_turns(store: MemoryStore, result: SearchResult) -> SearchResult:
     Turn ids the namespace does not hold are left out; the memory still names them."""
     turn_ids = [t for memory in result.memories() for t in memory.source_turn_ids]
     rows = store.turn_rows_by_id(result.namespace, turn_ids) if turn_ids else []
-    return result.model_copy(update={"source_turns": [
-        EvidenceWindow(
-            id=row["id"],
-            namespace=result.namespace,
-            session_id=row["session_id"],
-            session_date=datetime.fromisoformat(row["started_at"]),
-            start=row["position"],
-            turns=[_turn(row)],
-        )
-        for row in rows
-    ]})
+    return result.model_copy(
+        update={
+            "source_turns": [
+                EvidenceWindow(
+                    id=row["id"],
+                    namespace=result.namespace,
+                    session_id=row["session_id"],
+                    session_date=datetime.fromisoformat(row["started_at"]),
+                    start=row["position"],
+                    turns=[_turn(row)],
+                )
+                for row in rows
+            ]
+        }
+    )
 
 
 def _turn(row) -> Turn:

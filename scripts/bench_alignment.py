@@ -82,8 +82,8 @@ def session_facts(path: Path, conversations: int | None) -> tuple[list[SessionFa
 
 def score(sessions: list[SessionFacts], scores: list[np.ndarray], settings: AlignmentSettings) -> dict[str, float]:
     chosen_n = correct = gold_n = hits = facts = 0
-    for item, matrix in zip(sessions, scores):
-        for row, gold in zip(matrix, item.gold):
+    for item, matrix in zip(sessions, scores, strict=True):
+        for row, gold in zip(matrix, item.gold, strict=True):
             chosen = {item.session.turns[i].turn_id for i in select(row, settings)}
             chosen_n += len(chosen)
             correct += len(chosen & gold)
@@ -114,18 +114,25 @@ def main(argv: list[str] | None = None) -> int:
     vectors = embedder.embed(texts + lines)
     fact_vectors, line_vectors = vectors[: len(texts)], vectors[len(texts) :]
     n_facts = len(texts)
-    console.log(f"{n_facts} facts in {len(sessions)} sessions ({skipped} without a gold turn skipped); "
-                f"embedded in {time.perf_counter() - started:.0f}s")
+    console.log(
+        f"{n_facts} facts in {len(sessions)} sessions ({skipped} without a gold turn skipped); "
+        f"embedded in {time.perf_counter() - started:.0f}s"
+    )
 
     rows = []
     for weight in LEXICAL_WEIGHTS:
         scores, f, t = [], 0, 0
         for item in sessions:
             n_f, n_t = len(item.texts), len(item.session.turns)
-            scores.append(alignment_scores(
-                item.texts, fact_vectors[f : f + n_f], [turn_line(x) for x in item.session.turns],
-                line_vectors[t : t + n_t], weight,
-            ))
+            scores.append(
+                alignment_scores(
+                    item.texts,
+                    fact_vectors[f : f + n_f],
+                    [turn_line(x) for x in item.session.turns],
+                    line_vectors[t : t + n_t],
+                    weight,
+                )
+            )
             f, t = f + n_f, t + n_t
         for max_turns in MAX_TURNS:
             for min_score in MIN_SCORES if max_turns > 1 else (1.0,):
@@ -140,11 +147,19 @@ def main(argv: list[str] | None = None) -> int:
         f1 = 2 * row["precision"] * row["recall"] / (row["precision"] + row["recall"])
         row["f1"] = f1
         is_default = (row["lexical_weight"], row["max_turns"], row["min_score"]) == (
-            default.align_lexical_weight, default.align_max_turns, default.align_min_score
+            default.align_lexical_weight,
+            default.align_max_turns,
+            default.align_min_score,
         )
         table.add_row(
-            f"{row['lexical_weight']:.2f}", str(row["max_turns"]), "-" if row["max_turns"] == 1 else f"{row['min_score']:.2f}",
-            f"{row['precision']:.3f}", f"{row['recall']:.3f}", f"{f1:.3f}", f"{row['hit']:.3f}", f"{row['turns_per_fact']:.2f}",
+            f"{row['lexical_weight']:.2f}",
+            str(row["max_turns"]),
+            "-" if row["max_turns"] == 1 else f"{row['min_score']:.2f}",
+            f"{row['precision']:.3f}",
+            f"{row['recall']:.3f}",
+            f"{f1:.3f}",
+            f"{row['hit']:.3f}",
+            f"{row['turns_per_fact']:.2f}",
             style="bold" if is_default else None,
         )
     console.print(table)

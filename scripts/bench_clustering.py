@@ -102,9 +102,13 @@ def warm_up(clusterer: CPUClusterer | CumlClusterer) -> dict[str, float]:
         params = clusterer.config.umap
         started = time.perf_counter()
         umap.UMAP(
-            n_neighbors=params.n_neighbors, n_components=params.n_components,
-            min_dist=params.min_dist, metric=params.metric, random_state=params.random_state,
-            n_jobs=1, force_approximation_algorithm=True,
+            n_neighbors=params.n_neighbors,
+            n_components=params.n_components,
+            min_dist=params.min_dist,
+            metric=params.metric,
+            random_state=params.random_state,
+            n_jobs=1,
+            force_approximation_algorithm=True,
         ).fit_transform(vectors)
         timings["nndescent_path_s"] = time.perf_counter() - started
     timings["total_s"] = sum(timings.values())
@@ -151,8 +155,10 @@ def _time_hdbscan_package(config: ConsolidationConfig, reduced: np.ndarray, skle
     params = config.hdbscan
     started = time.perf_counter()
     labels = hdbscan.HDBSCAN(
-        min_cluster_size=params.min_cluster_size, min_samples=params.min_samples,
-        metric=params.metric, cluster_selection_method=params.cluster_selection_method,
+        min_cluster_size=params.min_cluster_size,
+        min_samples=params.min_samples,
+        metric=params.metric,
+        cluster_selection_method=params.cluster_selection_method,
         # Its default (4 joblib workers) spends ~17 s starting them on a busy 2-core machine.
         core_dist_n_jobs=1,
     ).fit_predict(reduced)
@@ -186,11 +192,23 @@ def render(report: dict, console: Console) -> None:
         + ", ".join(f"{key} {value:.1f} s" for key, value in warm.items() if key != "total_s")
         + ")"
     )
-    table = Table(title="UMAP + HDBSCAN on clustered 384-d unit vectors",
-                  caption="peak RSS: process high-water mark after this N (sizes ascend); "
-                          "CPU s: all threads; ARI: planted blobs vs found clusters; pkg: the `hdbscan` package, ARI vs sklearn")
-    for column in ("N", "UMAP s", "HDBSCAN s", "total s", "total CPU s", "RSS in MB", "peak RSS MB",
-                   "clusters/planted", "noise", "ARI"):
+    table = Table(
+        title="UMAP + HDBSCAN on clustered 384-d unit vectors",
+        caption="peak RSS: process high-water mark after this N (sizes ascend); "
+        "CPU s: all threads; ARI: planted blobs vs found clusters; pkg: the `hdbscan` package, ARI vs sklearn",
+    )
+    for column in (
+        "N",
+        "UMAP s",
+        "HDBSCAN s",
+        "total s",
+        "total CPU s",
+        "RSS in MB",
+        "peak RSS MB",
+        "clusters/planted",
+        "noise",
+        "ARI",
+    ):
         table.add_column(column, justify="right")
     compare = any("hdbscan_package" in run for run in report["runs"])
     if compare:
@@ -198,9 +216,15 @@ def render(report: dict, console: Console) -> None:
         table.add_column("pkg ARI", justify="right")
     for run in report["runs"]:
         row = [
-            f"{run['n_rows']:,}", f"{run['umap_s']:.2f}", f"{run['hdbscan_s']:.2f}",
-            f"{run['total_s']:.2f}", f"{run['total_cpu_s']:.2f}", _mb(run["rss_before_mb"]), _mb(run["max_rss_mb"]),
-            f"{run['n_clusters']}/{run['planted_blobs']}", f"{run['noise_fraction']:.0%}",
+            f"{run['n_rows']:,}",
+            f"{run['umap_s']:.2f}",
+            f"{run['hdbscan_s']:.2f}",
+            f"{run['total_s']:.2f}",
+            f"{run['total_cpu_s']:.2f}",
+            _mb(run["rss_before_mb"]),
+            _mb(run["max_rss_mb"]),
+            f"{run['n_clusters']}/{run['planted_blobs']}",
+            f"{run['noise_fraction']:.0%}",
             f"{run['ari_on_blob_rows']:.3f}",
         ]
         if compare:
@@ -220,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000, 20000])
     parser.add_argument("--with-50k", action="store_true", help="also run N = 50,000")
     parser.add_argument("--backend", choices=sorted(CLUSTERERS), default="cpu")
-    parser.add_argument("--compare-hdbscan", action="store_true",
-                        help="also time the `hdbscan` package on the same UMAP output (CPU)")
+    parser.add_argument(
+        "--compare-hdbscan", action="store_true", help="also time the `hdbscan` package on the same UMAP output (CPU)"
+    )
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)
 
@@ -235,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
             # Wall times on a shared machine stretch with its load; read them against this.
             "load_average_1m": os.getloadavg()[0],
             "python": platform.python_version(),
-            "packages": {name: _package_version(name) for name in
-                         ("umap-learn", "pynndescent", "numba", "scikit-learn", "hdbscan", "cuml-cu12")},
+            "packages": {
+                name: _package_version(name)
+                for name in ("umap-learn", "pynndescent", "numba", "scikit-learn", "hdbscan", "cuml-cu12")
+            },
         },
         "config": clusterer.config.model_dump(mode="json"),
         "data": {"dim": DIM, "blob_fraction": BLOB_FRACTION, "blob_spread": BLOB_SPREAD},

@@ -44,7 +44,17 @@ from bench_search import (  # noqa: E402
 #: Must not be imported by ``import hybridmem_local`` (each costs seconds or needs a GPU stack).
 FORBIDDEN = ("torch", "umap", "vllm", "llama_cpp", "cuml")
 #: Worth knowing about (reported, not a failure).
-WATCHED = ("transformers", "sentence_transformers", "outlines", "openai", "sklearn", "scipy", "numba", "bm25s", "hnswlib")
+WATCHED = (
+    "transformers",
+    "sentence_transformers",
+    "outlines",
+    "openai",
+    "sklearn",
+    "scipy",
+    "numba",
+    "bm25s",
+    "hnswlib",
+)
 QUERY = "When did Caroline go to the LGBTQ support group?"
 
 CHILD = r"""
@@ -90,8 +100,12 @@ print(time.perf_counter() - t0)
 def run(code: str, *args: str) -> tuple[float, str]:
     """Wall time of a fresh interpreter running ``code``, and its stdout."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"child failed:\n{done.stderr[-3000:]}")
@@ -142,8 +156,11 @@ def main() -> None:
     forbidden = [m for m in heavy if m.split(".")[0] in FORBIDDEN]
     results = {
         "machine": {**info, "load_average_at_end": os.getloadavg()},
-        "memories": args.memories, "threads": args.threads, "repeats": args.repeats,
-        "median_s": median, "runs": runs,
+        "memories": args.memories,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "median_s": median,
+        "runs": runs,
         "child_wall_s": statistics.median(walls),
         "interpreter_start_s": statistics.median(interpreter),
         "reference_minilm_first_query_s": statistics.median(references),
@@ -152,21 +169,28 @@ def main() -> None:
         "forbidden_modules_after_import": forbidden,
     }
 
-    table = Table(title=f"Cold start to the first search · existing store of {args.memories:,} memories · "
-                        f"median of {args.repeats} fresh processes")
+    table = Table(
+        title=f"Cold start to the first search · existing store of {args.memories:,} memories · "
+        f"median of {args.repeats} fresh processes"
+    )
     table.add_column("stage")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
     for stage in stages[:5]:
-        table.add_row(stage.removesuffix("_s").replace("_", " "), f"{median[stage]:.2f}",
-                      f"{100 * median[stage] / median['total_s']:.0f}%")
+        table.add_row(
+            stage.removesuffix("_s").replace("_", " "),
+            f"{median[stage]:.2f}",
+            f"{100 * median[stage] / median['total_s']:.0f}%",
+        )
     table.add_row("total (import → first result)", f"{median['total_s']:.2f}", "100%", style="bold")
     table.add_row("warm query (for comparison)", f"{median['warm_query_s']:.3f}", "")
     table.add_row("ref: python -c pass", f"{results['interpreter_start_s']:.2f}", "")
     table.add_row("ref: import ST + load MiniLM + 1 query", f"{results['reference_minilm_first_query_s']:.2f}", "")
     table.add_row("total / reference", f"{results['ratio_total_over_reference']:.2f}×", "", style="bold")
-    table.caption = (f"imported by `import hybridmem_local`: {', '.join(heavy) or 'none of the watched modules'}; "
-                     f"forbidden (torch, umap, vllm, llama_cpp, cuml): {', '.join(forbidden) or 'none'}")
+    table.caption = (
+        f"imported by `import hybridmem_local`: {', '.join(heavy) or 'none of the watched modules'}; "
+        f"forbidden (torch, umap, vllm, llama_cpp, cuml): {', '.join(forbidden) or 'none'}"
+    )
     console.print(table)
     write_json(args.out, results)
     if forbidden:

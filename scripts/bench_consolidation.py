@@ -63,11 +63,17 @@ def build_from_locomo_observations(locomo: Path, conversation_id: str, store: Pa
             for speaker, facts in raw.get("observation", {}).get(f"session_{number}_observation", {}).items():
                 for text, evidence in facts:
                     cited = [evidence] if isinstance(evidence, str) else list(evidence)
-                    episodes.append(EpisodeDraft(
-                        title=f"{speaker}, session {number}", summary=text, details=text,
-                        timestamp=session.started_at.date().isoformat(),
-                        source_turn_ids=[t for t in cited if t in turn_ids],  # the file cites a few turns that do not exist
-                    ))
+                    episodes.append(
+                        EpisodeDraft(
+                            title=f"{speaker}, session {number}",
+                            summary=text,
+                            details=text,
+                            timestamp=session.started_at.date().isoformat(),
+                            source_turn_ids=[
+                                t for t in cited if t in turn_ids
+                            ],  # the file cites a few turns that do not exist
+                        )
+                    )
             written += len(memory.add_memories(conversation.namespace, episodes=episodes, session=session))
     return written
 
@@ -139,7 +145,9 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def table(rows: list[dict], clusters_only_mode: bool) -> Table:
-    t = Table(title="Consolidation by HDBSCAN min_cluster_size" + (" (clusters only, no LLM)" if clusters_only_mode else ""))
+    t = Table(
+        title="Consolidation by HDBSCAN min_cluster_size" + (" (clusters only, no LLM)" if clusters_only_mode else "")
+    )
     columns = ["mcs", "episodes", "tuples", "clusters", "noise"]
     if not clusters_only_mode:
         columns += ["compression", "LLM calls", "plans skipped", "LLM s", "apply s"]
@@ -152,12 +160,20 @@ def table(rows: list[dict], clusters_only_mode: bool) -> Table:
             sizes = [f"{s['clustered']}/{s['memories_before']} clustered" for s in stores.values()]
         else:
             sizes = [f"{s['memories_before']} → {s['memories_after']}" for s in stores.values()]
-        cells = [str(row["mcs"]), *sizes, str(sum(s["clusters"] for s in stores.values())),
-                 str(sum(s["noise"] for s in stores.values()))]
+        cells = [
+            str(row["mcs"]),
+            *sizes,
+            str(sum(s["clusters"] for s in stores.values())),
+            str(sum(s["noise"] for s in stores.values())),
+        ]
         if not clusters_only_mode:
-            cells += [f"{row['compression_pct']:.1f}%", str(row["llm"]["requests"]),
-                      str(sum(s["invalid_plans_skipped"] for s in stores.values())),
-                      f"{row['timings']['llm_s']:.1f}", f"{row['timings']['apply_s']:.2f}"]
+            cells += [
+                f"{row['compression_pct']:.1f}%",
+                str(row["llm"]["requests"]),
+                str(sum(s["invalid_plans_skipped"] for s in stores.values())),
+                f"{row['timings']['llm_s']:.1f}",
+                f"{row['timings']['apply_s']:.2f}",
+            ]
         timings = row["timings"]
         cells += [f"{timings['embed_load_s']:.1f}", f"{timings['umap_s']:.1f}", f"{timings['hdbscan_s']:.2f}"]
         t.add_row(*cells)
@@ -166,12 +182,18 @@ def table(rows: list[dict], clusters_only_mode: bool) -> Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", type=Path, required=True, help="a curated SQLite store (it is copied, never changed)")
+    parser.add_argument(
+        "--store", type=Path, required=True, help="a curated SQLite store (it is copied, never changed)"
+    )
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--config", type=Path, default=None, help="YAML config (LLM, embedder, UMAP/HDBSCAN)")
     parser.add_argument("--mcs", type=int, nargs="+", default=[2, 5, 10, 20], help="min_cluster_size values")
-    parser.add_argument("--locomo-observations", type=Path, default=None,
-                        help="build --store from this LoCoMo file's observations when --store does not exist")
+    parser.add_argument(
+        "--locomo-observations",
+        type=Path,
+        default=None,
+        help="build --store from this LoCoMo file's observations when --store does not exist",
+    )
     parser.add_argument("--clusters-only", action="store_true", help="cluster without calling the LLM")
     parser.add_argument("--out", type=Path, default=None, help="write the per-mcs reports as JSON (after each mcs)")
     args = parser.parse_args()

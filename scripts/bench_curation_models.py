@@ -16,7 +16,8 @@ The sessions are the first ``--per-conversation`` sessions of each of the 8 LoCo
 conversations (and, with ``--demo``, the three bundled demo sessions first).
 
     .venv/bin/python scripts/bench_curation_models.py --out runs/bench_curation_models.json
-    .venv/bin/python scripts/bench_curation_models.py --models qwen2.5-coder-0.5b-instruct --set curation.turns_per_episode=4
+    .venv/bin/python scripts/bench_curation_models.py --models qwen2.5-coder-0.5b-instruct \
+        --set curation.turns_per_episode=4
 """
 
 from __future__ import annotations
@@ -72,9 +73,12 @@ def run_one(model: str, args: argparse.Namespace, overrides: dict) -> dict:
         for session in sessions:  # one by one: llama.cpp is sequential anyway; progress shows
             [outcome] = curator.curate([session])
             outcomes.append(outcome)
-            print(f"  {model} {session.session_id}: {outcome.result and len(outcome.result.episodes)} episodes, "
-                  f"{outcome.result and len(outcome.result.tuples)} tuples, {outcome.usage.completion_tokens} "
-                  f"completion tokens{'; ' + outcome.error[:120] if outcome.error else ''}", flush=True)
+            print(
+                f"  {model} {session.session_id}: {outcome.result and len(outcome.result.episodes)} episodes, "
+                f"{outcome.result and len(outcome.result.tuples)} tuples, {outcome.usage.completion_tokens} "
+                f"completion tokens{'; ' + outcome.error[:120] if outcome.error else ''}",
+                flush=True,
+            )
         curate_s = time.perf_counter() - started
     windows = sum(o.windows for o in outcomes)
     results = [o.result for o in outcomes]
@@ -101,7 +105,8 @@ def run_one(model: str, args: argparse.Namespace, overrides: dict) -> dict:
         "errors": [o.error for o in outcomes if o.error],
         "memories": {
             o.session_id: o.result.model_dump(mode="json", exclude={"episodes": {"__all__": {"provenance"}}})
-            if o.result else None
+            if o.result
+            else None
             for o in outcomes
         },
     }
@@ -139,8 +144,19 @@ def main() -> None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({"overrides": overrides, "rows": rows}, indent=2) + "\n")
 
-    columns = ["model", "file_mb", "load_s", "sessions_per_min", "completion_tokens_per_session", "valid_first_try",
-               "salvaged", "zero_tuple_share", "episodes_per_session", "tuples_per_session", "peak_rss_gb"]
+    columns = [
+        "model",
+        "file_mb",
+        "load_s",
+        "sessions_per_min",
+        "completion_tokens_per_session",
+        "valid_first_try",
+        "salvaged",
+        "zero_tuple_share",
+        "episodes_per_session",
+        "tuples_per_session",
+        "peak_rss_gb",
+    ]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in rows:

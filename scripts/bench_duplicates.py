@@ -82,18 +82,22 @@ def main(argv: list[str] | None = None) -> int:
         "last clause cut": [(i, r) for i, (_, fact) in enumerate(facts) if (r := cut_last_clause(fact))],
     }
     embedder = build_embedder(EmbedderConfig(device="cpu"))
-    texts = [fact for _, fact in facts] + [r for pairs in rewrites.values() for _, r in pairs] + [e for _, _, e in events]
+    texts = (
+        [fact for _, fact in facts] + [r for pairs in rewrites.values() for _, r in pairs] + [e for _, _, e in events]
+    )
     vectors = embedder.embed(texts)
     fact_vectors = vectors[: len(facts)]
     offset = len(facts)
     rewrite_cosines = {}
     for name, pairs in rewrites.items():
         block = vectors[offset : offset + len(pairs)]
-        rewrite_cosines[name] = np.array([float(v @ fact_vectors[i]) for (i, _), v in zip(pairs, block)])
+        rewrite_cosines[name] = np.array([float(v @ fact_vectors[i]) for (i, _), v in zip(pairs, block, strict=True)])
         offset += len(pairs)
     event_vectors = vectors[offset:]
-    console.log(f"{len(facts)} facts in {len(sessions)} sessions, {len(events)} events; embedded in "
-                f"{time.perf_counter() - started:.0f}s")
+    console.log(
+        f"{len(facts)} facts in {len(sessions)} sessions, {len(events)} events; embedded in "
+        f"{time.perf_counter() - started:.0f}s"
+    )
 
     distinct, same_numbers, partner_max = [], [], np.zeros(len(facts))
     start = 0
@@ -141,9 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append(row)
         table.add_row(
-            f"{t:.2f}", f"{row['distinct_pairs']:.4f} ({row['distinct_pairs_n']})", str(row["guarded_pairs_n"]),
+            f"{t:.2f}",
+            f"{row['distinct_pairs']:.4f} ({row['distinct_pairs_n']})",
+            str(row["guarded_pairs_n"]),
             f"{row['facts_merged']:.4f}",
-            *(f"{row[f'reworded_{n}']:.3f}" for n in rewrite_cosines), f"{row['paraphrase_event']:.3f}",
+            *(f"{row[f'reworded_{n}']:.3f}" for n in rewrite_cosines),
+            f"{row['paraphrase_event']:.3f}",
             style="bold" if t == default else None,
         )
     console.print(table)

@@ -40,7 +40,6 @@ from bench_search import DEFAULT_LOCOMO, console, load_embedder, machine, set_th
 from hybridmem_local.config import CurationConfig, LLMConfig, load_config  # noqa: E402
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft  # noqa: E402
 
-
 # --------------------------------------------------------------------------- curated stand-ins
 
 
@@ -52,14 +51,24 @@ def stand_in_memories(raw_sample: dict, session: Session) -> tuple[list[EpisodeD
     summary = raw_sample.get("session_summary", {}).get(f"session_{number}_summary")
     episodes = []
     if summary:
-        episodes.append(EpisodeDraft(title=f"Session {number}", summary=summary.split(". ")[0], details=summary,
-                                     timestamp=day, source_turn_ids=sorted(turn_ids)))
+        episodes.append(
+            EpisodeDraft(
+                title=f"Session {number}",
+                summary=summary.split(". ")[0],
+                details=summary,
+                timestamp=day,
+                source_turn_ids=sorted(turn_ids),
+            )
+        )
     tuples = []
     for speaker, facts in raw_sample.get("observation", {}).get(f"session_{number}_observation", {}).items():
         for fact, evidence in facts:
             cited = [e.strip() for e in str(evidence).replace(";", ",").split(",") if e.strip() in turn_ids]
-            tuples.append(TupleDraft(entity=speaker, relation="observed", object=fact, timestamp=day, context="",
-                                     source_turn_ids=cited))
+            tuples.append(
+                TupleDraft(
+                    entity=speaker, relation="observed", object=fact, timestamp=day, context="", source_turn_ids=cited
+                )
+            )
     return episodes, tuples
 
 
@@ -89,30 +98,34 @@ def bench_throughput(embedder, work: list[tuple[Session, list, list]], questions
 
     timed_embedder = TimedEmbedder(embedder)
     ingest_s, reference_s = [], []
-    with tempfile.TemporaryDirectory() as folder:
-        with HybridMemory.open(Path(folder) / "m.db", load_config(), embedder=timed_embedder) as memory:
-            for namespace in sorted({s.namespace for s, _, _ in work}):
-                memory.search("load the indexes", namespace=namespace)  # indexes then follow each write
-            timed_embedder.seconds = timed_embedder.texts = timed_embedder.batches = 0
-            for i, (session, episodes, tuples) in enumerate(work):
-                texts = sorted({_as_stored(m, session.namespace).index_text() for m in [*episodes, *tuples]})
-                steps = [
-                    (ingest_s, memory.add_memories, (session.namespace, episodes, tuples, session)),
-                    (reference_s, embedder.embed, (texts,)),
-                ]
-                for samples, fn, args in steps if i % 2 == 0 else steps[::-1]:
-                    start = time.perf_counter()
-                    fn(*args)
-                    samples.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            memory.flush()
-            save_s = time.perf_counter() - start
-            embed_s = timed_embedder.seconds  # searches below embed too
-            counts = memory.store.counts()
-            search = summary(_search_seconds(memory, questions))
-            # The first search after a rebuild also rebuilds BM25 (and embeds its query).
-            rebuild_s = {namespace: timed(_rebuild_and_search, memory, namespace, texts[0])[0]
-                         for namespace, texts in questions.items()}
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        HybridMemory.open(Path(folder) / "m.db", load_config(), embedder=timed_embedder) as memory,
+    ):
+        for namespace in sorted({s.namespace for s, _, _ in work}):
+            memory.search("load the indexes", namespace=namespace)  # indexes then follow each write
+        timed_embedder.seconds = timed_embedder.texts = timed_embedder.batches = 0
+        for i, (session, episodes, tuples) in enumerate(work):
+            texts = sorted({_as_stored(m, session.namespace).index_text() for m in [*episodes, *tuples]})
+            steps = [
+                (ingest_s, memory.add_memories, (session.namespace, episodes, tuples, session)),
+                (reference_s, embedder.embed, (texts,)),
+            ]
+            for samples, fn, args in steps if i % 2 == 0 else steps[::-1]:
+                start = time.perf_counter()
+                fn(*args)
+                samples.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        memory.flush()
+        save_s = time.perf_counter() - start
+        embed_s = timed_embedder.seconds  # searches below embed too
+        counts = memory.store.counts()
+        search = summary(_search_seconds(memory, questions))
+        # The first search after a rebuild also rebuilds BM25 (and embeds its query).
+        rebuild_s = {
+            namespace: timed(_rebuild_and_search, memory, namespace, texts[0])[0]
+            for namespace, texts in questions.items()
+        }
     memories = sum(len(e) + len(t) for _, e, t in work)
     total, reference = sum(ingest_s), sum(reference_s)
     return {
@@ -208,7 +221,8 @@ def main() -> None:
     calls = {
         f"embedded default (SmolLM2, {default.context_tokens} ctx)": bench_windows(sessions, llm, default),
         "vLLM config context (30720 ctx; SmolLM2 tokenizer as proxy)": bench_windows(
-            sessions, llm, load_config(Path(__file__).resolve().parents[1] / "configs" / "vllm-offline.yaml").llm),
+            sessions, llm, load_config(Path(__file__).resolve().parents[1] / "configs" / "vllm-offline.yaml").llm
+        ),
     }
 
     embedder = load_embedder()
@@ -216,35 +230,84 @@ def main() -> None:
     questions = {c.namespace: [q.question for q in c.questions] for c in conversations}
     throughput = bench_throughput(embedder, work, questions)
     info["load_average_at_end"] = os.getloadavg()
-    results = {"machine": info, "threads": args.threads, "conversations": [c.sample_id for c in conversations],
-               "throughput": throughput, "llm_calls": calls}
+    results = {
+        "machine": info,
+        "threads": args.threads,
+        "conversations": [c.sample_id for c in conversations],
+        "throughput": throughput,
+        "llm_calls": calls,
+    }
 
-    t = Table(title=f"Ingest without the LLM · {throughput['sessions']} LoCoMo sessions · {throughput['memories']} "
-                    f"stand-in memories · {args.threads} torch thread(s)")
-    for column in ("memories/s", "sessions/s", "session p50 ms", "embed s", "store+index s", "store+index ms/session",
-                   "index save s", "embed-only memories/s", "ingest / embed-only"):
+    t = Table(
+        title=f"Ingest without the LLM · {throughput['sessions']} LoCoMo sessions · {throughput['memories']} "
+        f"stand-in memories · {args.threads} torch thread(s)"
+    )
+    for column in (
+        "memories/s",
+        "sessions/s",
+        "session p50 ms",
+        "embed s",
+        "store+index s",
+        "store+index ms/session",
+        "index save s",
+        "embed-only memories/s",
+        "ingest / embed-only",
+    ):
         t.add_column(column, justify="right")
     r = throughput
-    t.add_row(f"{r['memories_per_s']:.1f}", f"{r['sessions_per_s']:.2f}", f"{r['session_p50_ms']:.0f}",
-              f"{r['embed_within_ingest_s']:.1f}", f"{r['store_and_index_s']:.1f}",
-              f"{r['store_and_index_ms_per_session']:.1f}", f"{r['index_save_s']:.2f}",
-              f"{r['embed_only_memories_per_s']:.1f}", f"{r['ingest_over_embed_only']:.2f}×")
+    t.add_row(
+        f"{r['memories_per_s']:.1f}",
+        f"{r['sessions_per_s']:.2f}",
+        f"{r['session_p50_ms']:.0f}",
+        f"{r['embed_within_ingest_s']:.1f}",
+        f"{r['store_and_index_s']:.1f}",
+        f"{r['store_and_index_ms_per_session']:.1f}",
+        f"{r['index_save_s']:.2f}",
+        f"{r['embed_only_memories_per_s']:.1f}",
+        f"{r['ingest_over_embed_only']:.2f}×",
+    )
     console.print(t)
-    q = Table(title=f"On the ingested store: search ({r['search_queries']} LoCoMo questions, hybrid, warm indexes) "
-                    "and index rebuild from SQLite")
-    for column in ("search p50 ms", "search p95 ms", "rebuild s (all namespaces, hnswlib + BM25)", "rebuild s per namespace"):
+    q = Table(
+        title=f"On the ingested store: search ({r['search_queries']} LoCoMo questions, hybrid, warm indexes) "
+        "and index rebuild from SQLite"
+    )
+    for column in (
+        "search p50 ms",
+        "search p95 ms",
+        "rebuild s (all namespaces, hnswlib + BM25)",
+        "rebuild s per namespace",
+    ):
         q.add_column(column, justify="right")
-    q.add_row(f"{r['search_p50_ms']:.1f}", f"{r['search_p95_ms']:.1f}", f"{r['rebuild_s_total']:.2f}",
-              f"{statistics.fmean(r['rebuild_s_per_namespace'].values()):.2f}")
+    q.add_row(
+        f"{r['search_p50_ms']:.1f}",
+        f"{r['search_p95_ms']:.1f}",
+        f"{r['rebuild_s_total']:.2f}",
+        f"{statistics.fmean(r['rebuild_s_per_namespace'].values()):.2f}",
+    )
     console.print(q)
     c = Table(title="LLM calls to curate the LoCoMo dev sessions: session-level windows vs one per turn")
-    for column in ("setting", "turn budget", "sessions", "calls (windows)", "calls turn-by-turn ≥", "windows/session",
-                   "turns/session", "ratio"):
+    for column in (
+        "setting",
+        "turn budget",
+        "sessions",
+        "calls (windows)",
+        "calls turn-by-turn ≥",
+        "windows/session",
+        "turns/session",
+        "ratio",
+    ):
         c.add_column(column, justify="right")
     for name, w in calls.items():
-        c.add_row(name, str(w["turn_budget_tokens"]), str(w["sessions"]), str(w["calls_session_level"]),
-                  str(w["calls_turn_by_turn_at_least"]), f"{w['windows_per_session_mean']:.2f} (max {w['windows_per_session_max']})",
-                  f"{w['turns_per_session_mean']:.1f} (max {w['turns_per_session_max']})", f"{w['calls_ratio']:.3f}")
+        c.add_row(
+            name,
+            str(w["turn_budget_tokens"]),
+            str(w["sessions"]),
+            str(w["calls_session_level"]),
+            str(w["calls_turn_by_turn_at_least"]),
+            f"{w['windows_per_session_mean']:.2f} (max {w['windows_per_session_max']})",
+            f"{w['turns_per_session_mean']:.1f} (max {w['turns_per_session_max']})",
+            f"{w['calls_ratio']:.3f}",
+        )
     console.print(c)
     write_json(args.out, results)
 

@@ -54,7 +54,7 @@ from hybridmem_local.embedding import build_embedder
 from hybridmem_local.eval.locomo import LocomoConversation, load_locomo, normalise_evidence
 from hybridmem_local.lexical import LexicalIndex
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.retrieval import fuse, format_context
+from hybridmem_local.retrieval import format_context, fuse
 from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def load_counter(model: str):
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
@@ -113,8 +113,11 @@ def observation_facts(raw_sample: dict, conversation: LocomoConversation) -> lis
                 kept, _ = normalise_evidence(f"{conversation.sample_id}:{key}", raw, turn_ids)
                 facts.append(
                     EpisodeDraft(
-                        title=speaker, summary=fact, details=fact,
-                        timestamp=dates[session].date().isoformat(), source_turn_ids=kept,
+                        title=speaker,
+                        summary=fact,
+                        details=fact,
+                        timestamp=dates[session].date().isoformat(),
+                        source_turn_ids=kept,
                     )
                 )
     return facts
@@ -132,7 +135,7 @@ def bench_conversation(memory: HybridMemory, conversation: LocomoConversation, b
     """Covered-question counts per (corpus, mode, budget) for one conversation."""
     questions = [q for q in conversation.questions if q.evidence]
     texts = sorted({q.question for q in questions})
-    vectors = dict(zip(texts, memory.embedder.embed(texts)))  # one batch: the searches below reuse them
+    vectors = dict(zip(texts, memory.embedder.embed(texts), strict=True))  # one batch: the searches below reuse them
     memory.indexes.embed_query = vectors.__getitem__
     covered: dict[str, dict[str, list[int]]] = {}
     for corpus, settings in CORPORA.items():
@@ -155,7 +158,7 @@ def bench_conversation(memory: HybridMemory, conversation: LocomoConversation, b
 
 def bench_selections(memory: HybridMemory, namespace: str, questions, budgets, count_tokens, depth):
     """Covered-question counts per selection and budget, and the paper selection's tokens."""
-    vectors = dict(zip(texts := sorted({q.question for q in questions}), memory.embedder.embed(texts)))
+    vectors = dict(zip(texts := sorted({q.question for q in questions}), memory.embedder.embed(texts), strict=True))
     memory.indexes.embed_query = vectors.__getitem__
     covered: dict[str, list[int]] = {}
     paper_tokens: list[int] = []
@@ -201,7 +204,8 @@ def run_selections(args, conversations, raw_samples, count_tokens, embedder, bud
                 if args.stores is None:
                     memory.ingest(conversation.sessions, curate=False)
                     memory.add_memories(
-                        conversation.namespace, episodes=observation_facts(raw_samples[conversation.sample_id], conversation)
+                        conversation.namespace,
+                        episodes=observation_facts(raw_samples[conversation.sample_id], conversation),
                     )
                 if args.stores is not None:
                     stores[conversation.sample_id] = store_summary(memory, conversation.namespace)
@@ -209,12 +213,14 @@ def run_selections(args, conversations, raw_samples, count_tokens, embedder, bud
                 questions = [q for q in conversation.questions if q.evidence and set(q.evidence) <= stored]
                 if not questions:
                     continue
-                covered, tokens = bench_selections(memory, conversation.namespace, questions, budgets, count_tokens, args.depth)
+                covered, tokens = bench_selections(
+                    memory, conversation.namespace, questions, budgets, count_tokens, args.depth
+                )
             n_questions += len(questions)
             paper_tokens += tokens
             per_conversation[conversation.sample_id] = {"questions": len(questions), "covered": covered}
             for name, counts in covered.items():
-                totals[name] = [a + b for a, b in zip(totals[name], counts)]
+                totals[name] = [a + b for a, b in zip(totals[name], counts, strict=True)]
             console.log(f"{conversation.sample_id}: {len(questions)} questions, {time.perf_counter() - started:.0f}s")
     if not n_questions:
         raise SystemExit("no question has all its evidence turns stored")
@@ -222,7 +228,10 @@ def run_selections(args, conversations, raw_samples, count_tokens, embedder, bud
         "memories": str(args.stores) if args.stores else "observation facts (stand-ins)",
         "questions_with_evidence": n_questions,
         "evidence_recall": {name: [round(c / n_questions, 3) for c in counts] for name, counts in totals.items()},
-        "paper_selection_tokens": {"mean": round(statistics.mean(paper_tokens)), "p95": int(np.percentile(paper_tokens, 95))},
+        "paper_selection_tokens": {
+            "mean": round(statistics.mean(paper_tokens)),
+            "p95": int(np.percentile(paper_tokens, 95)),
+        },
         "per_conversation": per_conversation,
         **({"stores": stores} if stores else {}),
         "seconds": round(time.perf_counter() - started),
@@ -235,9 +244,15 @@ def store_summary(memory: HybridMemory, namespace: str) -> dict:
     the repeats the duplicate guard kept out (its ``duplicate`` events), and what today's
     write-time checks would keep out of it (:func:`recheck`: the store may predate them)."""
     conn = memory.store.conn
-    sessions = dict(conn.execute("SELECT curation_status, count(*) FROM sessions WHERE namespace = ? GROUP BY 1", (namespace,)).fetchall())
+    sessions = dict(
+        conn.execute(
+            "SELECT curation_status, count(*) FROM sessions WHERE namespace = ? GROUP BY 1", (namespace,)
+        ).fetchall()
+    )
     memories = memory.store.list_memories(namespace)
-    repeats = conn.execute("SELECT count(*) FROM events WHERE namespace = ? AND action = 'duplicate'", (namespace,)).fetchone()[0]
+    repeats = conn.execute(
+        "SELECT count(*) FROM events WHERE namespace = ? AND action = 'duplicate'", (namespace,)
+    ).fetchone()[0]
     return {
         "sessions": sessions,
         "memories": dict(Counter(m.kind for m in memories)),
@@ -255,9 +270,19 @@ def recheck(memories: list[Episode | RelationalTuple]) -> dict[str, int]:
     kept_out = Counter(no_content=0, repeats=0)
     for memory in sorted(memories, key=lambda m: m.id):
         if isinstance(memory, Episode):
-            problem = episode_problem(EpisodeReply(**memory.model_dump(include={"title", "summary", "details", "timestamp", "source_turn_ids"})))
+            problem = episode_problem(
+                EpisodeReply(
+                    **memory.model_dump(include={"title", "summary", "details", "timestamp", "source_turn_ids"})
+                )
+            )
         else:
-            problem = tuple_problem(TupleReply(**memory.model_dump(include={"entity", "relation", "object", "timestamp", "context", "source_turn_ids"})))
+            problem = tuple_problem(
+                TupleReply(
+                    **memory.model_dump(
+                        include={"entity", "relation", "object", "timestamp", "context", "source_turn_ids"}
+                    )
+                )
+            )
         key = (memory.kind, memory.source_session_id, content_key(memory))
         if problem is not None:
             kept_out["no_content"] += 1
@@ -311,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", default="smollm2-135m-instruct")
     parser.add_argument("--depth", type=int, default=2000, help="candidates per ranking (whole corpus by default)")
     parser.add_argument("--selections", action="store_true", help="the default-retrieval table (see above)")
-    parser.add_argument("--stores", type=Path, default=None, help="with --selections: folder of curated <sample_id>.db stores")
+    parser.add_argument(
+        "--stores", type=Path, default=None, help="with --selections: folder of curated <sample_id>.db stores"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     console = Console(stderr=True)
@@ -325,7 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.selections:
         report = run_selections(args, conversations, raw_samples, count_tokens, embedder, budgets, console)
         report.update(locomo=str(args.locomo), budgets=budgets, tokenizer=args.tokenizer, embedder=embedder.model_id)
-        table = Table(title=f"Evidence recall by context budget, {report['memories']} ({report['questions_with_evidence']} questions)")
+        table = Table(
+            title=f"Evidence recall by context budget, {report['memories']} "
+            f"({report['questions_with_evidence']} questions)"
+        )
         table.add_column("selection")
         for budget in budgets:
             table.add_column(str(budget), justify="right")
@@ -350,18 +380,27 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(overrides={"embedder.device": "cpu"})
             with HybridMemory.open(Path(tmp) / f"{conversation.sample_id}.db", config, embedder=embedder) as memory:
                 memory.ingest(conversation.sessions, curate=False)
-                memory.add_memories(conversation.namespace, episodes=observation_facts(raw_samples[conversation.sample_id], conversation))
+                memory.add_memories(
+                    conversation.namespace,
+                    episodes=observation_facts(raw_samples[conversation.sample_id], conversation),
+                )
                 n, covered = bench_conversation(memory, conversation, budgets, count_tokens, args.depth, latency)
                 all_windows += [w.index_text() for w in memory.indexes.all_windows(conversation.namespace)]
             n_questions += n
             for corpus, by_mode in covered.items():
                 for mode, counts in by_mode.items():
-                    totals[corpus][mode] = [a + b for a, b in zip(totals[corpus][mode], counts)]
+                    totals[corpus][mode] = [a + b for a, b in zip(totals[corpus][mode], counts, strict=True)]
             console.log(f"{conversation.sample_id}: {n} questions, {time.perf_counter() - started:.0f}s")
         rebuild = rebuild_costs(all_windows, len(all_windows) // len(conversations), Path(tmp))
 
-    recall = {c: {m: [round(x / n_questions, 3) for x in counts] for m, counts in by_mode.items()} for c, by_mode in totals.items()}
-    ms = {step: {"p50_ms": 1000 * statistics.median(v), "p95_ms": 1000 * float(np.percentile(v, 95))} for step, v in latency.items()}
+    recall = {
+        c: {m: [round(x / n_questions, 3) for x in counts] for m, counts in by_mode.items()}
+        for c, by_mode in totals.items()
+    }
+    ms = {
+        step: {"p50_ms": 1000 * statistics.median(v), "p95_ms": 1000 * float(np.percentile(v, 95))}
+        for step, v in latency.items()
+    }
     report = {
         "locomo": str(args.locomo),
         "conversations": [c.sample_id for c in conversations],
@@ -376,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
     }
 
-    table = Table(title=f"Evidence recall by context budget ({n_questions} questions, {len(conversations)} conversations)")
+    table = Table(
+        title=f"Evidence recall by context budget ({n_questions} questions, {len(conversations)} conversations)"
+    )
     table.add_column("corpus")
     table.add_column("mode")
     for budget in budgets:

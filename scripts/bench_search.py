@@ -49,11 +49,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 from rich.console import Console
@@ -79,8 +79,14 @@ console = Console(width=170)
 
 def machine() -> dict:
     """Where and how a bench ran (recorded with every result)."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     packages = {}
     for name in ("torch", "sentence-transformers", "hnswlib", "bm25s", "numpy", "llama_cpp_python", "transformers"):
         try:
@@ -187,8 +193,9 @@ def exact_top_k(matrix: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
 # --------------------------------------------------------------------------- ANN vs exact
 
 
-def bench_ann(vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int = 100,
-              ef_sweep: tuple[int, ...] = (100, 200)) -> dict:
+def bench_ann(
+    vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int = 100, ef_sweep: tuple[int, ...] = (100, 200)
+) -> dict:
     from hybridmem_local.config import IndexConfig
     from hybridmem_local.index import VectorIndex
 
@@ -199,7 +206,7 @@ def bench_ann(vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int 
         index.sync(np.array([], dtype=np.int64), lambda _: vectors[:0])  # an empty index
         start = time.perf_counter()
         for chunk in range(0, len(vectors), 10_000):  # as sync() adds: in batches, 2 hnswlib threads
-            index.add(ids[chunk:chunk + 10_000], vectors[chunk:chunk + 10_000])
+            index.add(ids[chunk : chunk + 10_000], vectors[chunk : chunk + 10_000])
         build_s = time.perf_counter() - start
         ann_s, exact_s, deep_s, recalls, near = [], [], [], [], []
         for query in queries:
@@ -245,7 +252,9 @@ def bench_ann(vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int 
 RELATIONS = ["mentioned", "talked about", "is interested in", "shared", "plans", "remembers", "enjoys", "worries about"]
 
 
-def build_store(db: Path, model_id: str, turns: list[tuple[str, str]], vectors: np.ndarray, sources: np.ndarray) -> dict:
+def build_store(
+    db: Path, model_id: str, turns: list[tuple[str, str]], vectors: np.ndarray, sources: np.ndarray
+) -> dict:
     """A store of len(vectors) memories whose cached vectors are ``vectors`` (nothing embedded)."""
     from hybridmem_local.memory import _as_stored
     from hybridmem_local.schema import EpisodeDraft, TupleDraft
@@ -256,11 +265,24 @@ def build_store(db: Path, model_id: str, turns: list[tuple[str, str]], vectors: 
         speaker, text = turns[source]
         # The suffix makes every text (and so every cache key) unique.
         if i % 3 == 0:
-            drafts.append(EpisodeDraft(title=f"{speaker}'s news", summary=text[:80], details=f"{text} [{i}]",
-                                       timestamp=f"2023-{1 + i % 12:02d}-{1 + i % 28:02d}"))
+            drafts.append(
+                EpisodeDraft(
+                    title=f"{speaker}'s news",
+                    summary=text[:80],
+                    details=f"{text} [{i}]",
+                    timestamp=f"2023-{1 + i % 12:02d}-{1 + i % 28:02d}",
+                )
+            )
         else:
-            drafts.append(TupleDraft(entity=speaker, relation=RELATIONS[i % len(RELATIONS)], object=f"{text[:120]} [{i}]",
-                                     timestamp=f"2023-{1 + i % 12:02d}-{1 + i % 28:02d}", context=""))
+            drafts.append(
+                TupleDraft(
+                    entity=speaker,
+                    relation=RELATIONS[i % len(RELATIONS)],
+                    object=f"{text[:120]} [{i}]",
+                    timestamp=f"2023-{1 + i % 12:02d}-{1 + i % 28:02d}",
+                    context="",
+                )
+            )
     texts = [_as_stored(d, "bench").index_text() for d in drafts]
     store = MemoryStore(db)
     start = time.perf_counter()
@@ -272,8 +294,15 @@ def build_store(db: Path, model_id: str, turns: list[tuple[str, str]], vectors: 
     return {"memories": len(drafts), "insert_s": seconds}
 
 
-def build_turns(db: Path, model_id: str, turns: list[tuple[str, str]], base: np.ndarray, n: int,
-                session_turns: int = 20, seed: int = 1) -> dict:
+def build_turns(
+    db: Path,
+    model_id: str,
+    turns: list[tuple[str, str]],
+    base: np.ndarray,
+    n: int,
+    session_turns: int = 20,
+    seed: int = 1,
+) -> dict:
     """Add ``n`` raw turns (sessions of ``session_turns``) to the store, so it holds ~``n`` evidence
     windows of the default shape, and put a vector for each window's text in the embedding cache:
     the normalised sum of paraphrase vectors of its turns' LoCoMo sources (nothing embedded)."""
@@ -290,16 +319,28 @@ def build_turns(db: Path, model_id: str, turns: list[tuple[str, str]], base: np.
     start = time.perf_counter()
     with store.transaction():
         for s, first in enumerate(range(0, n, session_turns)):
-            store.insert_session(Session(
-                session_id=f"s{s}", namespace="bench", started_at=start_date + timedelta(hours=s),
-                turns=[Turn(turn_id=f"t{i}", speaker=turns[j][0], text=f"{turns[j][1]} [{i}]")
-                       for i, j in zip(range(first, min(first + session_turns, n)), sources[first:first + session_turns].tolist())],
-            ))
+            store.insert_session(
+                Session(
+                    session_id=f"s{s}",
+                    namespace="bench",
+                    started_at=start_date + timedelta(hours=s),
+                    turns=[
+                        Turn(turn_id=f"t{i}", speaker=turns[j][0], text=f"{turns[j][1]} [{i}]")
+                        for i, j in zip(
+                            range(first, min(first + session_turns, n)),
+                            sources[first : first + session_turns].tolist(),
+                            strict=True,
+                        )
+                    ],
+                )
+            )
     shape = RetrievalConfig()
     windows = load_windows(store, "bench", shape.window_size, shape.window_stride)
     # A window's turns are consecutive rows of the turns table, so its first turn's key gives its rows.
     first_key = min(windows)
-    vectors = np.stack([turn_vectors[w.id - first_key: w.id - first_key + len(w.turns)].sum(axis=0) for w in windows.values()])
+    vectors = np.stack(
+        [turn_vectors[w.id - first_key : w.id - first_key + len(w.turns)].sum(axis=0) for w in windows.values()]
+    )
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     with store.transaction():
         store.put_embeddings("bench", model_id, [w.index_text() for w in windows.values()], vectors)
@@ -326,6 +367,7 @@ class StageTimer:
         def timed_call(*args, **kwargs):
             with self.stage(name):
                 return fn(*args, **kwargs)
+
         return timed_call
 
 
@@ -407,7 +449,7 @@ def bench_end_to_end(db: Path, embedder, questions: list[str], setting: str) -> 
                 (search_s, memory.search, (question, "bench")),
                 (one_by_one_s, one_by_one.search, (question, "bench", k, config.retrieval.tuple_multiplier * k)),
             ]
-            for samples, fn, fn_args in calls[i % 3:] + calls[:i % 3]:  # rotate: drift hits all alike
+            for samples, fn, fn_args in calls[i % 3 :] + calls[: i % 3]:  # rotate: drift hits all alike
                 samples.append(timed(fn, *fn_args)[0])
         timer = StageTimer()
         retriever = instrumented_retriever(memory, timer)
@@ -448,8 +490,12 @@ def main() -> None:
     parser.add_argument("--distribution", choices=["paraphrase", "uniform"], default="paraphrase")
     parser.add_argument("--no-end-to-end", action="store_true", help="ANN vs exact only")
     parser.add_argument("--no-ann", action="store_true", help="end to end only")
-    parser.add_argument("--turns", type=int, default=None,
-                        help="raw turns in the end-to-end store, ~one evidence window each (default: N; 0: no windows)")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=None,
+        help="raw turns in the end-to-end store, ~one evidence window each (default: N; 0: no windows)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch and BLAS threads (see the module docstring)")
     parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where base embeddings are kept between runs")
@@ -465,9 +511,18 @@ def main() -> None:
     questions = rng.sample(questions, min(args.queries, len(questions)))
     query_vectors = embedder.embed(questions)
     sizes = sorted(set(args.sizes + ([1_000_000] if args.with_1m else [])))
-    results = {"machine": info, "threads": args.threads, "distribution": args.distribution, "queries": len(questions),
-               "targets": {"recall_at_10": TARGET_RECALL, "speedup_at_100k": TARGET_SPEEDUP, "e2e_p95_over_embed_p95": TARGET_E2E_RATIO},
-               "sizes": {}}
+    results = {
+        "machine": info,
+        "threads": args.threads,
+        "distribution": args.distribution,
+        "queries": len(questions),
+        "targets": {
+            "recall_at_10": TARGET_RECALL,
+            "speedup_at_100k": TARGET_SPEEDUP,
+            "e2e_p95_over_embed_p95": TARGET_E2E_RATIO,
+        },
+        "sizes": {},
+    }
     for n in sizes:
         console.print(f"[bold]N = {n:,}[/]")
         vectors, sources = synthetic_vectors(base, n, args.distribution)
@@ -489,26 +544,63 @@ def main() -> None:
 
 
 def print_tables(results: dict) -> None:
-    ann = Table(title=f"ANN (hnswlib via VectorIndex) vs exact numpy · {results['distribution']} vectors · "
-                      f"{results['queries']} LoCoMo questions · {results['threads']} thread(s)")
-    for column in ("N", "build s", "ANN p50 ms", "ANN p95 ms", "exact p50 ms", "exact p95 ms", "speed-up p50",
-                   "speed-up p95", "recall@10", "near-tie recall", "ANN@100 p95 ms", "ef 100: recall / p95",
-                   "ef 200: recall / p95"):
+    ann = Table(
+        title=f"ANN (hnswlib via VectorIndex) vs exact numpy · {results['distribution']} vectors · "
+        f"{results['queries']} LoCoMo questions · {results['threads']} thread(s)"
+    )
+    for column in (
+        "N",
+        "build s",
+        "ANN p50 ms",
+        "ANN p95 ms",
+        "exact p50 ms",
+        "exact p95 ms",
+        "speed-up p50",
+        "speed-up p95",
+        "recall@10",
+        "near-tie recall",
+        "ANN@100 p95 ms",
+        "ef 100: recall / p95",
+        "ef 200: recall / p95",
+    ):
         ann.add_column(column, justify="right")
     for n, entry in results["sizes"].items():
         if "ann" not in entry:
             continue
         a = entry["ann"]
-        ann.add_row(f"{n:,}", f"{a['build_s']:.1f}", f"{a['ann_k10']['p50_ms']:.3f}", f"{a['ann_k10']['p95_ms']:.3f}",
-                    f"{a['exact_k10']['p50_ms']:.2f}", f"{a['exact_k10']['p95_ms']:.2f}", f"{a['speedup_p50']:.1f}×",
-                    f"{a['speedup_p95']:.1f}×", f"{a['recall_at_10']:.4f}", f"{a['near_tie_recall_at_10']:.4f}",
-                    f"{a['ann_depth100']['p95_ms']:.3f}",
-                    *(f"{a['ef_sweep'][ef]['recall_at_10']:.4f} / {a['ef_sweep'][ef]['p95_ms']:.3f}" for ef in (100, 200)))
+        ann.add_row(
+            f"{n:,}",
+            f"{a['build_s']:.1f}",
+            f"{a['ann_k10']['p50_ms']:.3f}",
+            f"{a['ann_k10']['p95_ms']:.3f}",
+            f"{a['exact_k10']['p50_ms']:.2f}",
+            f"{a['exact_k10']['p95_ms']:.2f}",
+            f"{a['speedup_p50']:.1f}×",
+            f"{a['speedup_p95']:.1f}×",
+            f"{a['recall_at_10']:.4f}",
+            f"{a['near_tie_recall_at_10']:.4f}",
+            f"{a['ann_depth100']['p95_ms']:.3f}",
+            *(f"{a['ef_sweep'][ef]['recall_at_10']:.4f} / {a['ef_sweep'][ef]['p95_ms']:.3f}" for ef in (100, 200)),
+        )
     if ann.row_count:
         console.print(ann)
     e2e = Table(title="HybridMemory.search() vs embedding the query alone (same run, interleaved)")
-    for column in ("N", "setting", "embed p50", "embed p95", "search p50", "search p95", "p95 ratio", "target",
-                   "one by one p95 ratio", "embed", "dense index", "BM25", "row fetch", "other"):
+    for column in (
+        "N",
+        "setting",
+        "embed p50",
+        "embed p95",
+        "search p50",
+        "search p95",
+        "p95 ratio",
+        "target",
+        "one by one p95 ratio",
+        "embed",
+        "dense index",
+        "BM25",
+        "row fetch",
+        "other",
+    ):
         e2e.add_column(column, justify="right")
     for n, entry in results["sizes"].items():
         for mode, r in entry.get("end_to_end", {}).items():
@@ -517,16 +609,33 @@ def print_tables(results: dict) -> None:
             def share(name: str, stages: dict = stages) -> str:
                 if name not in stages:
                     return "-"
-                return f"{stages[name]['mean_ms']:.2f} ({100 * stages[name]['mean_ms'] / stages['total']['mean_ms']:.0f}%)"
-            e2e.add_row(f"{n:,}", mode, f"{r['query_embedding']['p50_ms']:.1f}", f"{r['query_embedding']['p95_ms']:.1f}",
-                        f"{r['search']['p50_ms']:.1f}", f"{r['search']['p95_ms']:.1f}", f"{r['ratio_p95']:.2f}×",
-                        "ok" if r["ratio_p95"] <= TARGET_E2E_RATIO else "MISS", f"{r['one_by_one_ratio_p95']:.2f}×",
-                        share("embed"), share("dense_index"), share("lexical_bm25"), share("sqlite_fetch"), share("other"))
+                return (
+                    f"{stages[name]['mean_ms']:.2f} ({100 * stages[name]['mean_ms'] / stages['total']['mean_ms']:.0f}%)"
+                )
+
+            e2e.add_row(
+                f"{n:,}",
+                mode,
+                f"{r['query_embedding']['p50_ms']:.1f}",
+                f"{r['query_embedding']['p95_ms']:.1f}",
+                f"{r['search']['p50_ms']:.1f}",
+                f"{r['search']['p95_ms']:.1f}",
+                f"{r['ratio_p95']:.2f}×",
+                "ok" if r["ratio_p95"] <= TARGET_E2E_RATIO else "MISS",
+                f"{r['one_by_one_ratio_p95']:.2f}×",
+                share("embed"),
+                share("dense_index"),
+                share("lexical_bm25"),
+                share("sqlite_fetch"),
+                share("other"),
+            )
     if e2e.row_count:
-        e2e.caption = ("times in ms; one by one: the stores ranked in turn on the calling thread (the reference, same run); "
-                       "stage columns: mean per stage (share of the mean total) from an instrumented Retriever; dense index and "
-                       "BM25 run on the ranking threads and overlap the embedding; other: the calling thread's wait for them, "
-                       "fusion and hits")
+        e2e.caption = (
+            "times in ms; one by one: the stores ranked in turn on the calling thread (the reference, same run); "
+            "stage columns: mean per stage (share of the mean total) from an instrumented Retriever; dense index and "
+            "BM25 run on the ranking threads and overlap the embedding; other: the calling thread's wait for them, "
+            "fusion and hits"
+        )
         console.print(e2e)
 
 

@@ -91,8 +91,14 @@ def synthetic_turns(n: int = 3000) -> list[tuple[str, str]]:
     verbs = ["bought", "visited", "painted", "sold", "repaired", "photographed", "borrowed", "planned"]
     things = ["a kayak", "a violin", "the garden", "a novel", "a camera", "a tent", "a guitar", "a quilt"]
     places = ["Paris", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Bern"]
-    return [(rng.choice(people), f"Last {rng.choice(['week', 'month', 'year'])} I {rng.choice(verbs)} "
-             f"{rng.choice(things)} in {rng.choice(places)} ({i}).") for i in range(n)]
+    return [
+        (
+            rng.choice(people),
+            f"Last {rng.choice(['week', 'month', 'year'])} I {rng.choice(verbs)} "
+            f"{rng.choice(things)} in {rng.choice(places)} ({i}).",
+        )
+        for i in range(n)
+    ]
 
 
 def prepared_store(n: int, locomo: Path, embedder) -> tuple[Path, list[str]]:
@@ -102,7 +108,9 @@ def prepared_store(n: int, locomo: Path, embedder) -> tuple[Path, list[str]]:
         source = "locomo"
     else:
         turns = synthetic_turns()
-        questions = [f"What did {who} do in {place}?" for who in ("Ann", "Ben", "Eve") for place in ("Oslo", "Lima", "Bern")]
+        questions = [
+            f"What did {who} do in {place}?" for who in ("Ann", "Ben", "Eve") for place in ("Oslo", "Lima", "Bern")
+        ]
         source = "synthetic"
     db = WORK / f"store_{source}_{n}.db"
     if not db.exists():
@@ -136,10 +144,20 @@ def free_port() -> int:
 def start_server(db: Path, overrides: dict, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
-    command = [str(Path(sys.executable).parent / "hybridmem"), "serve", "--db", str(db), "--port", str(port), "--no-auth", *sets]
+    command = [
+        str(Path(sys.executable).parent / "hybridmem"),
+        "serve",
+        "--db",
+        str(db),
+        "--port",
+        str(port),
+        "--no-auth",
+        *sets,
+    ]
     # One torch thread, as in-process (set_threads(1)): the cores are shared with the clients.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    with open(log, "ab") as output:  # the child writes through its own copy of the descriptor
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -172,14 +190,24 @@ def client(index: int, base_url: str, questions: list[str], stop_at: float, out:
             n += 1
             try:
                 if rng.random() < SEARCH_SHARE:
-                    seconds, response = timed(partial(http.post, f"/v1/namespaces/{NAMESPACE}/search",
-                                                      json={"query": rng.choice(questions), "k": 10}))
+                    seconds, response = timed(
+                        partial(
+                            http.post,
+                            f"/v1/namespaces/{NAMESPACE}/search",
+                            json={"query": rng.choice(questions), "k": 10},
+                        )
+                    )
                     searches.append(seconds)
                 else:
                     sid = f"load-{index}-{n}-{time.time_ns()}"
-                    body = {"session_id": sid, "started_at": datetime.now(timezone.utc).isoformat(), "turns": [
-                        {"turn_id": f"{sid}:{i}", "speaker": "Ann", "text": f"{rng.choice(questions)} Answer {i}."}
-                        for i in range(3)]}
+                    body = {
+                        "session_id": sid,
+                        "started_at": datetime.now(timezone.utc).isoformat(),
+                        "turns": [
+                            {"turn_id": f"{sid}:{i}", "speaker": "Ann", "text": f"{rng.choice(questions)} Answer {i}."}
+                            for i in range(3)
+                        ],
+                    }
                     seconds, response = timed(partial(http.post, f"/v1/namespaces/{NAMESPACE}/sessions", json=body))
                     adds.append(seconds)
                 if response.status_code >= 300:
@@ -197,7 +225,9 @@ def load_level(base_url: str, concurrency: int, duration_s: float, questions: li
     lock = threading.Lock()
     stop_at = time.monotonic() + duration_s
     started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i, base_url, questions, stop_at, out, lock)) for i in range(concurrency)]
+    threads = [
+        threading.Thread(target=client, args=(i, base_url, questions, stop_at, out, lock)) for i in range(concurrency)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -252,15 +282,22 @@ def bench_load(args, embedder) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     db = working_copy(kept, folder)
     llm = ChatServer(lambda body, attempt: curation_reply(body))
-    overrides = llm.overrides(**{
-        "retrieval.mode": args.mode,
-        "service.rate_limit_per_s": 1_000_000, "service.rate_limit_burst": 1_000_000,
-        "service.max_pending_sessions": 1_000_000, "consolidation.every_n_sessions": 0,
-    })
+    overrides = llm.overrides(
+        **{
+            "retrieval.mode": args.mode,
+            "service.rate_limit_per_s": 1_000_000,
+            "service.rate_limit_burst": 1_000_000,
+            "service.max_pending_sessions": 1_000_000,
+            "consolidation.every_n_sessions": 0,
+        }
+    )
     process, base_url = start_server(db, overrides, folder / "serve.log")
     levels = []
     try:
-        with HybridMemory.open(db, load_config(None, {"retrieval.mode": args.mode}), embedder=embedder) as memory, httpx.Client(base_url=base_url, timeout=300) as http:
+        with (
+            HybridMemory.open(db, load_config(None, {"retrieval.mode": args.mode}), embedder=embedder) as memory,
+            httpx.Client(base_url=base_url, timeout=300) as http,
+        ):
             for question in questions[:5]:  # both sides load their indexes before anything is timed
                 memory.search(question, namespace=NAMESPACE)
                 http.post(f"/v1/namespaces/{NAMESPACE}/search", json={"query": question, "k": 10}).raise_for_status()
@@ -283,8 +320,15 @@ def bench_load(args, embedder) -> dict:
         except subprocess.TimeoutExpired:
             process.kill()
         llm.stop()
-    result = {"memories": args.memories, "mode": args.mode, "store": str(kept), "duration_s": args.duration, "levels": levels,
-              "worker_after": worker, "target_p95_ratio_at_8": TARGET_RATIO_AT_8}
+    result = {
+        "memories": args.memories,
+        "mode": args.mode,
+        "store": str(kept),
+        "duration_s": args.duration,
+        "levels": levels,
+        "worker_after": worker,
+        "target_p95_ratio_at_8": TARGET_RATIO_AT_8,
+    }
     if not args.keep_run:
         shutil.rmtree(folder)
     return result
@@ -303,8 +347,12 @@ def bench_curation(args, embedder) -> dict:
     if not args.locomo.exists():
         return {"skipped": f"no LoCoMo file at {args.locomo}"}
     conversation = load_locomo(args.locomo).conversations[0]
-    sessions = [Session(session_id=s.session_id, namespace="curation", started_at=s.started_at, turns=s.turns[: args.curation_turns])
-                for s in conversation.sessions[: args.curation_sessions + 1]]
+    sessions = [
+        Session(
+            session_id=s.session_id, namespace="curation", started_at=s.started_at, turns=s.turns[: args.curation_turns]
+        )
+        for s in conversation.sessions[: args.curation_sessions + 1]
+    ]
     warm_up, sessions = sessions[0], sessions[1:]
     overrides = {"consolidation.every_n_sessions": 0}
     if args.curation_max_new_tokens:
@@ -314,8 +362,13 @@ def bench_curation(args, embedder) -> dict:
     started = time.perf_counter()
     llm = build_llm(base.llm)
     load_s = time.perf_counter() - started
-    results: dict = {"model": llm.model_id, "sessions": len(sessions), "turns_per_session": args.curation_turns,
-                     "max_new_tokens": base.llm.max_new_tokens, "model_load_s": load_s}
+    results: dict = {
+        "model": llm.model_id,
+        "sessions": len(sessions),
+        "turns_per_session": args.curation_turns,
+        "max_new_tokens": base.llm.max_new_tokens,
+        "model_load_s": load_s,
+    }
     runs = [("warm_up", [warm_up], 1), ("batched", sessions, len(sessions)), ("one_at_a_time", sessions, 1)]
     for name, chunk, batch in runs:
         config = base.model_copy(update={"curation": base.curation.model_copy(update={"batch_sessions": batch})})
@@ -330,9 +383,15 @@ def bench_curation(args, embedder) -> dict:
             seconds = time.perf_counter() - started
             status = state.worker.status()
         shutil.rmtree(folder)
-        results[name] = {"seconds": seconds, "batch_sessions": batch, "batches": status.batches,
-                         "curated": status.sessions_curated, "failed": status.sessions_failed, "memories": status.memories,
-                         "sessions_per_min": 60 * len(chunk) / seconds}
+        results[name] = {
+            "seconds": seconds,
+            "batch_sessions": batch,
+            "batches": status.batches,
+            "curated": status.sessions_curated,
+            "failed": status.sessions_failed,
+            "memories": status.memories,
+            "sessions_per_min": 60 * len(chunk) / seconds,
+        }
         console.print(f"curation {name}: {len(chunk)} session(s) in {seconds:.1f}s ({status.batches} batch(es))")
     results["batched_speedup"] = results["one_at_a_time"]["seconds"] / results["batched"]["seconds"]
     return results
@@ -346,9 +405,15 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load per concurrency level")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients")
     parser.add_argument("--memories", type=int, default=10_000)
-    parser.add_argument("--mode", choices=["hybrid", "dense", "lexical"], default="hybrid",
-                        help="retrieval.mode on both sides (hybrid: the default; its BM25 index rebuilds after every write)")
-    parser.add_argument("--in-process-s", type=float, default=10.0, help="seconds of in-process search before each level")
+    parser.add_argument(
+        "--mode",
+        choices=["hybrid", "dense", "lexical"],
+        default="hybrid",
+        help="retrieval.mode on both sides (hybrid: the default; its BM25 index rebuilds after every write)",
+    )
+    parser.add_argument(
+        "--in-process-s", type=float, default=10.0, help="seconds of in-process search before each level"
+    )
     parser.add_argument("--curation-sessions", type=int, default=4)
     parser.add_argument("--curation-turns", type=int, default=8, help="turns kept of each curated session")
     parser.add_argument("--curation-max-new-tokens", type=int, default=None, help="override llm.max_new_tokens")
@@ -375,30 +440,62 @@ def main() -> None:
 def print_tables(results: dict) -> None:
     if "load" in results:
         load = results["load"]
-        table = Table(title=f"hybridmem serve on loopback · {load['memories']:,} memories · 90% search / 10% add session · "
-                            f"{load['duration_s']:.0f}s per level · retrieval {load['mode']}")
-        for column in ("C", "req/s", "search p50", "p95", "p99", "in-proc p95 (1 thr)", "ratio", "in-proc p95 (C thr)",
-                       "ratio", "add p95", "errors", "RSS MB"):
+        table = Table(
+            title=f"hybridmem serve on loopback · {load['memories']:,} memories · 90% search / 10% add session · "
+            f"{load['duration_s']:.0f}s per level · retrieval {load['mode']}"
+        )
+        for column in (
+            "C",
+            "req/s",
+            "search p50",
+            "p95",
+            "p99",
+            "in-proc p95 (1 thr)",
+            "ratio",
+            "in-proc p95 (C thr)",
+            "ratio",
+            "add p95",
+            "errors",
+            "RSS MB",
+        ):
             table.add_column(column, justify="right")
         for level in load["levels"]:
             s = level["search"]
             table.add_row(
-                str(level["concurrency"]), f"{level['throughput_rps']:.1f}", f"{s['p50_ms']:.1f}", f"{s['p95_ms']:.1f}",
-                f"{s['p99_ms']:.1f}", f"{level['in_process']['p95_ms']:.1f}", f"{level['p95_over_in_process']:.2f}×",
-                f"{level['in_process_c_threads']['p95_ms']:.1f}", f"{level['p95_over_in_process_c_threads']:.2f}×",
-                f"{level['add_session']['p95_ms']:.1f}" if level["add_session"] else "-", str(level["errors"]), f"{level['rss_mb']:.0f}",
+                str(level["concurrency"]),
+                f"{level['throughput_rps']:.1f}",
+                f"{s['p50_ms']:.1f}",
+                f"{s['p95_ms']:.1f}",
+                f"{s['p99_ms']:.1f}",
+                f"{level['in_process']['p95_ms']:.1f}",
+                f"{level['p95_over_in_process']:.2f}×",
+                f"{level['in_process_c_threads']['p95_ms']:.1f}",
+                f"{level['p95_over_in_process_c_threads']:.2f}×",
+                f"{level['add_session']['p95_ms']:.1f}" if level["add_session"] else "-",
+                str(level["errors"]),
+                f"{level['rss_mb']:.0f}",
             )
         console.print(table)
     curation = results.get("curation")
     if curation and "batched" in curation:
-        table = Table(title=f"curation by the worker · {curation['model']} · {curation['sessions']} sessions × "
-                            f"{curation['turns_per_session']} turns · max_new_tokens {curation['max_new_tokens']}")
+        table = Table(
+            title=f"curation by the worker · {curation['model']} · {curation['sessions']} sessions × "
+            f"{curation['turns_per_session']} turns · max_new_tokens {curation['max_new_tokens']}"
+        )
         for column in ("mode", "batch", "batches", "seconds", "sessions/min", "curated", "failed", "memories"):
             table.add_column(column, justify="right")
         for name in ("batched", "one_at_a_time"):
             r = curation[name]
-            table.add_row(name, str(r["batch_sessions"]), str(r["batches"]), f"{r['seconds']:.1f}",
-                          f"{r['sessions_per_min']:.2f}", str(r["curated"]), str(r["failed"]), str(r["memories"]))
+            table.add_row(
+                name,
+                str(r["batch_sessions"]),
+                str(r["batches"]),
+                f"{r['seconds']:.1f}",
+                f"{r['sessions_per_min']:.2f}",
+                str(r["curated"]),
+                str(r["failed"]),
+                str(r["memories"]),
+            )
         console.print(table)
         console.print(f"batched / one at a time: {curation['batched_speedup']:.2f}× faster")
     elif curation:

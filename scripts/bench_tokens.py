@@ -32,8 +32,8 @@ import re
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from rich.table import Table
 
@@ -59,7 +59,9 @@ def smollm2_counter() -> tuple[str, Callable[[str], int]] | None:
         from llama_cpp import Llama
 
         vocab = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
-        return "SmolLM2 (llama.cpp vocab_only)", lambda text: len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        return "SmolLM2 (llama.cpp vocab_only)", lambda text: len(
+            vocab.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        )
     except Exception as exc:  # missing or broken llama.cpp: try transformers
         console.print(f"[yellow]llama.cpp tokenizer unavailable ({exc}); trying transformers[/]")
     try:
@@ -88,7 +90,9 @@ def full_context(conversation: LocomoConversation) -> str:
     return "\n".join(lines)
 
 
-def stand_ins(raw: dict, conversation: LocomoConversation, granularity: str) -> tuple[list[EpisodeDraft], list[TupleDraft]]:
+def stand_ins(
+    raw: dict, conversation: LocomoConversation, granularity: str
+) -> tuple[list[EpisodeDraft], list[TupleDraft]]:
     episodes, tuples = [], []
     for session in conversation.sessions:
         number = session.session_id.rsplit("_", 1)[-1]
@@ -96,8 +100,14 @@ def stand_ins(raw: dict, conversation: LocomoConversation, granularity: str) -> 
         summary = raw.get("session_summary", {}).get(f"session_{number}_summary", "")
         parts = [summary] if granularity == "session" else [s for s in _SENTENCE.split(summary) if s.strip()]
         for i, part in enumerate(p for p in parts if p.strip()):
-            episodes.append(EpisodeDraft(title=f"Session {number}" + ("" if granularity == "session" else f" part {i + 1}"),
-                                         summary=part.split(". ")[0][:200], details=part, timestamp=day))
+            episodes.append(
+                EpisodeDraft(
+                    title=f"Session {number}" + ("" if granularity == "session" else f" part {i + 1}"),
+                    summary=part.split(". ")[0][:200],
+                    details=part,
+                    timestamp=day,
+                )
+            )
         for speaker, facts in raw.get("observation", {}).get(f"session_{number}_observation", {}).items():
             for fact, _ in facts:
                 tuples.append(TupleDraft(entity=speaker, relation="observed", object=fact, timestamp=day))
@@ -148,8 +158,12 @@ def main() -> None:
             if args.questions_per_conversation:
                 questions = rng.sample(questions, min(args.questions_per_conversation, len(questions)))
             whole = full_context(conversation)
-            row = {"conversation": conversation.sample_id, "questions": len(questions),
-                   "sessions": len(conversation.sessions), "turns": sum(len(s.turns) for s in conversation.sessions)}
+            row = {
+                "conversation": conversation.sample_id,
+                "questions": len(questions),
+                "sessions": len(conversation.sessions),
+                "turns": sum(len(s.turns) for s in conversation.sessions),
+            }
             for question in questions:
                 prompts = {systems[0]: prompt_text(whole, question.question)}
                 for system, memory in stores.items():
@@ -167,13 +181,21 @@ def main() -> None:
     reductions = {s: {c: 1 - means[s][c] / means[systems[0]][c] for c in counters} for s in systems[1:]}
     info["load_average_at_end"] = os.getloadavg()
     results = {
-        "machine": info, "counters": list(counters), "headline_counter": headline,
-        "questions": len(tokens[systems[0]][headline]), "mean_prompt_tokens": means, "reduction": reductions,
-        "target_reduction": TARGET_REDUCTION, "paper_reduction": PAPER_REDUCTION, "per_conversation": per_conversation,
+        "machine": info,
+        "counters": list(counters),
+        "headline_counter": headline,
+        "questions": len(tokens[systems[0]][headline]),
+        "mean_prompt_tokens": means,
+        "reduction": reductions,
+        "target_reduction": TARGET_REDUCTION,
+        "paper_reduction": PAPER_REDUCTION,
+        "per_conversation": per_conversation,
         "stand_ins": "LoCoMo session_summary (episodes) and observation (tuples); no curated store exists here",
     }
-    table = Table(title=f"Answer-prompt tokens per question · {results['questions']} LoCoMo dev questions · "
-                        "hybrid context estimated from LoCoMo's summaries/observations")
+    table = Table(
+        title=f"Answer-prompt tokens per question · {results['questions']} LoCoMo dev questions · "
+        "hybrid context estimated from LoCoMo's summaries/observations"
+    )
     table.add_column("system")
     for name in counters:
         table.add_column(f"{name}: mean", justify="right")

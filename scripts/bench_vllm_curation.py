@@ -18,6 +18,7 @@ sampled every 0.2 s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -49,10 +50,8 @@ class PeakRSS:
             except psutil.NoSuchProcess:
                 continue
             for member in tree:
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     total += member.memory_info().rss
-                except psutil.NoSuchProcess:
-                    pass
         return total
 
     def _run(self) -> None:
@@ -60,7 +59,7 @@ class PeakRSS:
             self.peak = max(self.peak, self._sample())
             time.sleep(0.2)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self._thread.start()
         return self
 
@@ -104,8 +103,11 @@ def main() -> None:
         config_file.parent.mkdir(exist_ok=True)
         config_file.write_text(json.dumps({"llm": json.loads(llm_config.model_dump_json())}))
         started = time.perf_counter()
-        subprocess.run(["bash", str(REPO / "scripts" / "serve_vllm.sh"), "start", "--config", str(config_file)],
-                       check=True, cwd=REPO)
+        subprocess.run(
+            ["bash", str(REPO / "scripts" / "serve_vllm.sh"), "start", "--config", str(config_file)],
+            check=True,
+            cwd=REPO,
+        )
         server_start_s = time.perf_counter() - started
         port = llm_config.base_url.rsplit(":", 1)[1].split("/")[0]
         roots.append(int((REPO / ".vllm" / f"serve-{port}.pid").read_text()))
@@ -122,8 +124,9 @@ def main() -> None:
                 llm.close()
     finally:
         if config_file is not None:
-            subprocess.run(["bash", str(REPO / "scripts" / "serve_vllm.sh"), "stop", "--config", str(config_file)],
-                           cwd=REPO)
+            subprocess.run(
+                ["bash", str(REPO / "scripts" / "serve_vllm.sh"), "stop", "--config", str(config_file)], cwd=REPO
+            )
     result = {
         "backend": args.backend,
         "model": llm_config.model,

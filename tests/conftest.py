@@ -38,7 +38,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """With ``HYBRIDMEM_TEST_RSS=FILE``, append each test's resident memory after it ran (MB)."""
     if path := os.environ.get("HYBRIDMEM_TEST_RSS"):
-        rss_kb = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS:"))
+        rss_kb = next(
+            int(line.split()[1])
+            for line in Path("/proc/self/status").read_text().splitlines()
+            if line.startswith("VmRSS:")
+        )
         with open(path, "a", encoding="utf-8") as out:
             out.write(f"{rss_kb // 1024}\t{item.nodeid}\n")
 

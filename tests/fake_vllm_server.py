@@ -20,9 +20,9 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 SERVED_MODEL = "qwen3-8b"
 
@@ -64,10 +64,24 @@ def curation_reply(body: dict) -> str:
     """A valid CurationReply for the window a curation request shows: one episode for the
     window and one tuple per turn, each citing its turns."""
     turns = turn_lines(body)
-    episode = {"title": f"Talk of {turns[0][1]}", "summary": turns[0][2][:80], "details": " ".join(t[2] for t in turns),
-               "timestamp": "2023-05-08", "source_turn_ids": [t[0] for t in turns]}
-    tuples = [{"entity": speaker, "relation": "mentioned", "object": text[:60], "timestamp": "2023-05-08",
-               "context": f"turn {turn_id}", "source_turn_ids": [turn_id]} for turn_id, speaker, text in turns]
+    episode = {
+        "title": f"Talk of {turns[0][1]}",
+        "summary": turns[0][2][:80],
+        "details": " ".join(t[2] for t in turns),
+        "timestamp": "2023-05-08",
+        "source_turn_ids": [t[0] for t in turns],
+    }
+    tuples = [
+        {
+            "entity": speaker,
+            "relation": "mentioned",
+            "object": text[:60],
+            "timestamp": "2023-05-08",
+            "context": f"turn {turn_id}",
+            "source_turn_ids": [turn_id],
+        }
+        for turn_id, speaker, text in turns
+    ]
     return json.dumps({"episodes": [episode], "tuples": tuples})
 
 
@@ -106,7 +120,13 @@ class ChatServer:
 
             def do_GET(self):
                 if self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": SERVED_MODEL, "object": "model", "created": 0, "owned_by": "test"}]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": SERVED_MODEL, "object": "model", "created": 0, "owned_by": "test"}],
+                        },
+                    )
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -133,14 +153,28 @@ class ChatServer:
                     self.connection.close()
                     return
                 if isinstance(action, Status):
-                    self._send(action.code, {"error": {"message": "scripted failure", "type": "ServerError", "code": action.code}})
+                    self._send(
+                        action.code,
+                        {"error": {"message": "scripted failure", "type": "ServerError", "code": action.code}},
+                    )
                     return
-                self._send(200, {
-                    "id": f"chatcmpl-{attempt}", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": action}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": server.usage[0], "completion_tokens": server.usage[1],
-                              "total_tokens": sum(server.usage)},
-                })
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{attempt}",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": action}, "finish_reason": "stop"}
+                        ],
+                        "usage": {
+                            "prompt_tokens": server.usage[0],
+                            "completion_tokens": server.usage[1],
+                            "total_tokens": sum(server.usage),
+                        },
+                    },
+                )
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -166,4 +166,3 @@ def _no_egress_everywhere(request: pytest.FixtureRequest) -> Iterator[EgressGuar
         yield None
         return
     yield from _guarded_test()
-

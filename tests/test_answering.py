@@ -8,8 +8,8 @@ check the post-processing exactly; the reply is validated with the real backends
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Sequence
 
 import pytest
 
@@ -35,21 +35,50 @@ QUESTION_DATE = datetime(2023, 6, 20, 9, 15, tzinfo=timezone.utc)
 def search_result() -> SearchResult:
     """Two episodes and two tuples; format_context orders each block by timestamp."""
     episodes = [
-        Episode(id=11, namespace="alice", title="Biscuit's vet visit", summary="Checkup",
-                details="Alice took her beagle puppy Biscuit to Dr. Chen's clinic; he weighs 4.2 kg.",
-                timestamp="2023-05-09", source_turn_ids=["s1:6", "s2:1"]),
-        Episode(id=10, namespace="alice", title="Riverside 10K", summary="Bob ran a 10K",
-                details="Bob ran the Riverside 10K in Portland and finished in 52 minutes.",
-                timestamp="2023-05-07", source_turn_ids=["s1:1"]),
+        Episode(
+            id=11,
+            namespace="alice",
+            title="Biscuit's vet visit",
+            summary="Checkup",
+            details="Alice took her beagle puppy Biscuit to Dr. Chen's clinic; he weighs 4.2 kg.",
+            timestamp="2023-05-09",
+            source_turn_ids=["s1:6", "s2:1"],
+        ),
+        Episode(
+            id=10,
+            namespace="alice",
+            title="Riverside 10K",
+            summary="Bob ran a 10K",
+            details="Bob ran the Riverside 10K in Portland and finished in 52 minutes.",
+            timestamp="2023-05-07",
+            source_turn_ids=["s1:1"],
+        ),
     ]
     tuples = [
-        RelationalTuple(id=20, namespace="alice", entity="Alice", relation="adopted", object="a beagle puppy named Biscuit",
-                        timestamp="2023-05-05", context="Alice told Bob about her new puppy.", source_turn_ids=["s1:4"]),
-        RelationalTuple(id=21, namespace="alice", entity="Alice", relation="moved to", object="an apartment on Oak Avenue",
-                        timestamp="2023-05-29", context="", source_turn_ids=["s3:6"]),
+        RelationalTuple(
+            id=20,
+            namespace="alice",
+            entity="Alice",
+            relation="adopted",
+            object="a beagle puppy named Biscuit",
+            timestamp="2023-05-05",
+            context="Alice told Bob about her new puppy.",
+            source_turn_ids=["s1:4"],
+        ),
+        RelationalTuple(
+            id=21,
+            namespace="alice",
+            entity="Alice",
+            relation="moved to",
+            object="an apartment on Oak Avenue",
+            timestamp="2023-05-29",
+            context="",
+            source_turn_ids=["s3:6"],
+        ),
     ]
     return SearchResult(
-        query="q", namespace="alice",
+        query="q",
+        namespace="alice",
         episodes=[Hit(memory=m, score=0.9 - i / 10) for i, m in enumerate(episodes)],
         tuples=[Hit(memory=m, score=0.8 - i / 10) for i, m in enumerate(tuples)],
     )
@@ -74,7 +103,9 @@ class ScriptedLLM:
         results = []
         for request in requests:
             parsed, problem = check_reply(self.reply, request.output_schema)
-            results.append(LLMResult(text=self.reply, parsed=parsed, error=problem, prompt_tokens=321, completion_tokens=12))
+            results.append(
+                LLMResult(text=self.reply, parsed=parsed, error=problem, prompt_tokens=321, completion_tokens=12)
+            )
         return results
 
 
@@ -171,7 +202,9 @@ def test_an_answer_without_memories_still_gets_one_call():
 
 
 def test_a_failed_reply_gives_an_answer_with_the_error():
-    llm = ScriptedLLM(LLMResult(text="{", error="reply does not match AnswerDraft", prompt_tokens=300, completion_tokens=256))
+    llm = ScriptedLLM(
+        LLMResult(text="{", error="reply does not match AnswerDraft", prompt_tokens=300, completion_tokens=256)
+    )
     answer = answer_from_context(llm, "Who is Biscuit?", search_result())
     assert answer.answer == "" and answer.cited == []
     assert answer.error == "reply does not match AnswerDraft"
@@ -192,7 +225,9 @@ def test_an_unreachable_backend_gives_an_answer_with_the_error():
 
 def test_text_requests_ask_for_plain_text_with_their_own_prompt():
     context = format_context(search_result())
-    request = build_answer_request("How long was Bob's 10K?", context, QUESTION_DATE, enable_thinking=False, mode="text")
+    request = build_answer_request(
+        "How long was Bob's 10K?", context, QUESTION_DATE, enable_thinking=False, mode="text"
+    )
     assert request.output_schema is None and request.prompt_version == "answer-text/v2"
     assert request.max_new_tokens == ANSWER_TEXT_MAX_NEW_TOKENS
     user = request.messages[-1].content
@@ -236,7 +271,9 @@ def _citer(minilm, **settings) -> TextCiter:
 def test_a_text_answer_cites_the_memories_it_aligns_to(minilm):
     result = search_result()
     llm = ScriptedLLM("Answer: 52 minutes\nBob said so after the race.")
-    answer = answer_from_context(llm, "How long did Bob take to run the Riverside 10K?", result, mode="text", citer=_citer(minilm))
+    answer = answer_from_context(
+        llm, "How long did Bob take to run the Riverside 10K?", result, mode="text", citer=_citer(minilm)
+    )
     # The first line, without the label; no schema was asked for.
     assert answer.answer == "52 minutes" and answer.mode == "text" and answer.error is None
     assert llm.batches[0][0].output_schema is None and answer.prompt_version == "answer-text/v2"
@@ -251,9 +288,15 @@ def test_text_citations_are_bounded_and_an_abstention_cites_nothing(minilm):
     question = "What is the name of the beagle puppy Alice adopted?"
     # With no score threshold every memory qualifies: the bound alone decides how many are cited,
     # and bounded to one, the best is kept (the adoption tuple holds 6 of the 7 query stems).
-    wide = answer_from_context(ScriptedLLM("Biscuit"), question, result, mode="text", citer=_citer(minilm, cite_min_score=0.0))
+    wide = answer_from_context(
+        ScriptedLLM("Biscuit"), question, result, mode="text", citer=_citer(minilm, cite_min_score=0.0)
+    )
     narrow = answer_from_context(
-        ScriptedLLM("Biscuit"), question, result, mode="text", citer=_citer(minilm, cite_min_score=0.0, cite_max_memories=1)
+        ScriptedLLM("Biscuit"),
+        question,
+        result,
+        mode="text",
+        citer=_citer(minilm, cite_min_score=0.0, cite_max_memories=1),
     )
     assert len(wide.cited_memory_ids) == 3 and 20 in wide.cited_memory_ids
     assert narrow.cited_memory_ids == [20] and narrow.citations == ["T1"]
@@ -262,7 +305,9 @@ def test_text_citations_are_bounded_and_an_abstention_cites_nothing(minilm):
         assert abstained.answer == reply and abstained.citations == [] and abstained.error is None
     empty = answer_from_context(ScriptedLLM("\n  \n"), question, result, mode="text", citer=_citer(minilm))
     assert empty.answer == "" and empty.error == "the reply holds no answer"
-    failed = answer_from_context(ScriptedLLM(LLMResult(error="timed out")), question, result, mode="text", citer=_citer(minilm))
+    failed = answer_from_context(
+        ScriptedLLM(LLMResult(error="timed out")), question, result, mode="text", citer=_citer(minilm)
+    )
     assert failed.answer == "" and failed.error == "timed out" and failed.citations == []
 
 
@@ -274,9 +319,11 @@ def test_smollm2_answers_with_valid_citations_only(smollm2):
     result = search_result()
     shown = set(format_context(result).short_ids)
     answer = answer_from_context(smollm2, "What is the name of Alice's puppy?", result, question_date=QUESTION_DATE)
-    print(f"\nSmolLM2 answer: {answer.answer!r}, cited {[m.id for m in answer.cited]}, "
-          f"invalid {answer.invalid_citations}, {answer.latency_s:.2f} s, "
-          f"{answer.prompt_tokens} prompt / {answer.completion_tokens} completion tokens")
+    print(
+        f"\nSmolLM2 answer: {answer.answer!r}, cited {[m.id for m in answer.cited]}, "
+        f"invalid {answer.invalid_citations}, {answer.latency_s:.2f} s, "
+        f"{answer.prompt_tokens} prompt / {answer.completion_tokens} completion tokens"
+    )
     assert answer.error is None
     assert answer.answer
     memories = {m.id: m for m in result.memories()}
@@ -294,11 +341,18 @@ def test_smollm2_answers_in_text_from_memories_and_their_turns(tmp_path, smollm2
     from hybridmem_local.schema import Session, Turn
     from tests.factories import BASE_DATE, make_episode
 
-    session = Session(session_id="s1", namespace="bob", started_at=BASE_DATE, turns=[
-        Turn(turn_id="s1:0", speaker="Alice", text="How did the Riverside 10K go?"),
-        Turn(turn_id="s1:1", speaker="Bob", text="Great, I finished in 52 minutes!"),
-    ])
-    config = load_config(overrides={"answering.mode": "text", "answering.evidence_turns": True, "retrieval.context_budget": 512})
+    session = Session(
+        session_id="s1",
+        namespace="bob",
+        started_at=BASE_DATE,
+        turns=[
+            Turn(turn_id="s1:0", speaker="Alice", text="How did the Riverside 10K go?"),
+            Turn(turn_id="s1:1", speaker="Bob", text="Great, I finished in 52 minutes!"),
+        ],
+    )
+    config = load_config(
+        overrides={"answering.mode": "text", "answering.evidence_turns": True, "retrieval.context_budget": 512}
+    )
     with HybridMemory.open(tmp_path / "m.db", config, embedder=minilm, llm=smollm2) as memory:
         memory.ingest([session], curate=False)
         memory.add_memories("bob", episodes=[make_episode("Riverside 10K", "Bob ran the Riverside 10K.", ["s1:1"])])

@@ -15,7 +15,9 @@ from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
 
 SESSION = Session(
-    session_id="s1", namespace="alice", started_at="2023-05-08T13:56:00+00:00",
+    session_id="s1",
+    namespace="alice",
+    started_at="2023-05-08T13:56:00+00:00",
     turns=[
         Turn(turn_id="s1:0", speaker="Alice", text="I adopted a beagle puppy called Biscuit."),
         Turn(turn_id="s1:1", speaker="Bob", text="I ran the Riverside 10K in 52 minutes."),
@@ -48,12 +50,31 @@ def db(tmp_path, minilm):
     with HybridMemory.open(path, embedder=minilm) as memory:
         memory.add_memories(
             "alice",
-            episodes=[EpisodeDraft(title="Biscuit", summary="A puppy", details="Alice adopted a beagle puppy called Biscuit.",
-                                   timestamp="2023-05-08", source_turn_ids=["s1:0"]),
-                      EpisodeDraft(title="Moving house", summary="A new home", details="Alice moved to Oak Avenue.",
-                                   timestamp="2023-05-08", source_turn_ids=["s1:2"])],
-            tuples=[TupleDraft(entity="Bob", relation="ran", object="the Riverside 10K in 52 minutes",
-                               timestamp="2023-05-07", source_turn_ids=["s1:1"])],
+            episodes=[
+                EpisodeDraft(
+                    title="Biscuit",
+                    summary="A puppy",
+                    details="Alice adopted a beagle puppy called Biscuit.",
+                    timestamp="2023-05-08",
+                    source_turn_ids=["s1:0"],
+                ),
+                EpisodeDraft(
+                    title="Moving house",
+                    summary="A new home",
+                    details="Alice moved to Oak Avenue.",
+                    timestamp="2023-05-08",
+                    source_turn_ids=["s1:2"],
+                ),
+            ],
+            tuples=[
+                TupleDraft(
+                    entity="Bob",
+                    relation="ran",
+                    object="the Riverside 10K in 52 minutes",
+                    timestamp="2023-05-07",
+                    source_turn_ids=["s1:1"],
+                )
+            ],
             session=SESSION,
         )
     return str(path)
@@ -61,7 +82,11 @@ def db(tmp_path, minilm):
 
 def test_list_and_get_print_tables_or_json(db):
     listed = as_json("list", "-n", "alice", "--db", db)
-    assert [(m["kind"], m["status"]) for m in listed] == [("episode", "active"), ("episode", "active"), ("tuple", "active")]
+    assert [(m["kind"], m["status"]) for m in listed] == [
+        ("episode", "active"),
+        ("episode", "active"),
+        ("tuple", "active"),
+    ]
     assert as_json("list", "-n", "alice", "--kind", "tuple", "--db", db) == [listed[2]]
     assert as_json("list", "-n", "alice", "--limit", "1", "--offset", "1", "--db", db) == [listed[1]]
     episode = as_json("get", str(listed[0]["id"]), "--db", db)
@@ -72,7 +97,9 @@ def test_list_and_get_print_tables_or_json(db):
 
 def test_update_supersedes_and_history_shows_it(db):
     [_, _, fact] = as_json("list", "-n", "alice", "--db", db)
-    new = as_json("update", str(fact["id"]), "--object", "the Riverside 10K in 51 minutes", "--reason", "typo", "--db", db)
+    new = as_json(
+        "update", str(fact["id"]), "--object", "the Riverside 10K in 51 minutes", "--reason", "typo", "--db", db
+    )
     assert new["object"] == "the Riverside 10K in 51 minutes" and new["id"] != fact["id"] and new["status"] == "active"
     old = as_json("get", str(fact["id"]), "--db", db)
     assert old["status"] == "superseded" and old["superseded_by"] == new["id"]
@@ -102,10 +129,20 @@ def test_set_overrides_the_config_of_any_command(db):
 
 
 def test_config_and_files_are_read_from_stdin(db, tmp_path):
-    assert len(as_json("search", "Biscuit", "-n", "alice", "--config", "-", "--db", db, input="retrieval:\n  k: 1\n")["episodes"]) == 1
+    assert (
+        len(
+            as_json("search", "Biscuit", "-n", "alice", "--config", "-", "--db", db, input="retrieval:\n  k: 1\n")[
+                "episodes"
+            ]
+        )
+        == 1
+    )
     exported = tmp_path / "alice.jsonl"
     run("export", str(exported), "-n", "alice", "--db", db)
-    assert as_json("import", "-", "-n", "copy", "--db", db, input=exported.read_text()) == {"sessions": 1, "memories": 3}
+    assert as_json("import", "-", "-n", "copy", "--db", db, input=exported.read_text()) == {
+        "sessions": 1,
+        "memories": 3,
+    }
     assert len(as_json("list", "-n", "copy", "--db", db)) == 3
     jsonl = another_session("s2", "bob").model_dump_json() + "\n"
     report = as_json("ingest", "-", "--no-curate", "--db", db, input=jsonl)
@@ -134,7 +171,9 @@ def test_user_mistakes_are_one_line_errors(tmp_path):
 
 def test_overrides_are_read_as_yaml_values():
     assert parse_overrides(["retrieval.k=5", "llm.backend=transformers", "curation.annotate_relative_dates=false"]) == {
-        "retrieval.k": 5, "llm.backend": "transformers", "curation.annotate_relative_dates": False,
+        "retrieval.k": 5,
+        "llm.backend": "transformers",
+        "curation.annotate_relative_dates": False,
     }
     with pytest.raises(Exception, match="KEY=VALUE"):
         parse_overrides(["retrieval.k"])

@@ -202,13 +202,38 @@ class FakeCumlUMAP:
     failure: Exception | None = None
 
     def __init__(
-        self, *, n_neighbors=15, n_components=2, metric="euclidean", metric_kwds=None,
-        n_epochs=None, learning_rate=1.0, min_dist=0.1, spread=1.0, set_op_mix_ratio=1.0,
-        local_connectivity=1.0, repulsion_strength=1.0, negative_sample_rate=5,
-        transform_queue_size=4.0, init="spectral", a=None, b=None, target_n_neighbors=-1,
-        target_weight=0.5, target_metric="categorical", hash_input=False, random_state=None,
-        force_serial_epochs=False, precomputed_knn=None, callback=None, build_algo="auto",
-        build_kwds=None, fast_transform=False, device_ids=None, verbose=False, output_type=None,
+        self,
+        *,
+        n_neighbors=15,
+        n_components=2,
+        metric="euclidean",
+        metric_kwds=None,
+        n_epochs=None,
+        learning_rate=1.0,
+        min_dist=0.1,
+        spread=1.0,
+        set_op_mix_ratio=1.0,
+        local_connectivity=1.0,
+        repulsion_strength=1.0,
+        negative_sample_rate=5,
+        transform_queue_size=4.0,
+        init="spectral",
+        a=None,
+        b=None,
+        target_n_neighbors=-1,
+        target_weight=0.5,
+        target_metric="categorical",
+        hash_input=False,
+        random_state=None,
+        force_serial_epochs=False,
+        precomputed_knn=None,
+        callback=None,
+        build_algo="auto",
+        build_kwds=None,
+        fast_transform=False,
+        device_ids=None,
+        verbose=False,
+        output_type=None,
     ):
         self.params = {name: value for name, value in locals().items() if name != "self"}
         FakeCumlUMAP.instances.append(self)
@@ -230,10 +255,24 @@ class FakeCumlHDBSCAN:
     instances: list[FakeCumlHDBSCAN] = []
 
     def __init__(
-        self, *, min_cluster_size=5, min_samples=None, cluster_selection_epsilon=0.0,
-        max_cluster_size=0, metric="euclidean", alpha=1.0, p=None, cluster_selection_method="eom",
-        allow_single_cluster=False, gen_min_span_tree=False, verbose=False, output_type=None,
-        prediction_data=False, build_algo="brute_force", build_kwds=None, device_ids=None,
+        self,
+        *,
+        min_cluster_size=5,
+        min_samples=None,
+        cluster_selection_epsilon=0.0,
+        max_cluster_size=0,
+        metric="euclidean",
+        alpha=1.0,
+        p=None,
+        cluster_selection_method="eom",
+        allow_single_cluster=False,
+        gen_min_span_tree=False,
+        verbose=False,
+        output_type=None,
+        prediction_data=False,
+        build_algo="brute_force",
+        build_kwds=None,
+        device_ids=None,
     ):
         self.params = {name: value for name, value in locals().items() if name != "self"}
         FakeCumlHDBSCAN.instances.append(self)
@@ -298,14 +337,29 @@ def test_auto_uses_cuml_when_it_imports_and_a_device_is_visible(fake_cuml, caplo
     assert "backend: cuml" in caplog.text
     (umap_model,) = FakeCumlUMAP.instances
     (hdbscan_model,) = FakeCumlHDBSCAN.instances
-    assert umap_model.params | {
-        "n_neighbors": 10, "n_components": 5, "min_dist": 0.0, "metric": "cosine",
-        "random_state": config.umap.random_state, "output_type": "numpy",
-    } == umap_model.params
-    assert hdbscan_model.params | {
-        "min_cluster_size": 10, "min_samples": 1, "metric": "euclidean",
-        "cluster_selection_method": "eom", "output_type": "numpy",
-    } == hdbscan_model.params
+    assert (
+        umap_model.params
+        | {
+            "n_neighbors": 10,
+            "n_components": 5,
+            "min_dist": 0.0,
+            "metric": "cosine",
+            "random_state": config.umap.random_state,
+            "output_type": "numpy",
+        }
+        == umap_model.params
+    )
+    assert (
+        hdbscan_model.params
+        | {
+            "min_cluster_size": 10,
+            "min_samples": 1,
+            "metric": "euclidean",
+            "cluster_selection_method": "eom",
+            "output_type": "numpy",
+        }
+        == hdbscan_model.params
+    )
 
 
 def test_auto_stays_on_cpu_without_a_visible_device(fake_cuml, monkeypatch, caplog):
@@ -384,7 +438,7 @@ def clustered_orders(memory_embeddings) -> list[tuple[ClusteringResult, list[str
 
 def _topic_labels(result: ClusteringResult, topics: list[str]) -> dict[str, Counter]:
     return {
-        topic: Counter(label for label, row_topic in zip(result.labels, topics) if row_topic == topic)
+        topic: Counter(label for label, row_topic in zip(result.labels, topics, strict=True) if row_topic == topic)
         for topic in PLANTED_TOPICS
     }
 
@@ -414,9 +468,13 @@ def test_cpu_clusterer_keeps_most_unrelated_memories_out_of_planted_clusters(clu
     absorbed = []
     for result, topics in clustered_orders:
         planted = {labels.most_common(1)[0][0] for labels in _topic_labels(result, topics).values()}
-        absorbed.append(sum(
-            1 for label, topic in zip(result.labels, topics) if topic == "unrelated" and label in planted
-        ))
+        absorbed.append(
+            sum(
+                1
+                for label, topic in zip(result.labels, topics, strict=True)
+                if topic == "unrelated" and label in planted
+            )
+        )
     assert np.median(absorbed) <= len(UNRELATED) / 3, f"unrelated rows in planted clusters per order: {absorbed}"
 
 

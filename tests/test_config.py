@@ -33,7 +33,12 @@ def test_paper_values_are_the_defaults():
     assert (config.retrieval.k, config.retrieval.tuple_multiplier) == (10, 2)
     umap, hdb = config.consolidation.umap, config.consolidation.hdbscan
     assert (umap.metric, umap.n_neighbors, umap.n_components, umap.min_dist) == ("cosine", 10, 5, 0.0)
-    assert (hdb.metric, hdb.cluster_selection_method, hdb.min_cluster_size, hdb.min_samples) == ("euclidean", "eom", 10, 1)
+    assert (hdb.metric, hdb.cluster_selection_method, hdb.min_cluster_size, hdb.min_samples) == (
+        "euclidean",
+        "eom",
+        10,
+        1,
+    )
     assert config.consolidation.every_n_sessions == 10
 
 

@@ -18,9 +18,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -68,8 +68,12 @@ class ScriptedLLM(ChatBackend):
 
     def _complete(self, requests):
         self.batches.append(list(requests))
-        return [Completion(text=self.respond(r), prompt_tokens=self.count_tokens(r.messages[-1].content),
-                           completion_tokens=10) for r in requests]
+        return [
+            Completion(
+                text=self.respond(r), prompt_tokens=self.count_tokens(r.messages[-1].content), completion_tokens=10
+            )
+            for r in requests
+        ]
 
     def count_tokens(self, text: str) -> int:
         return len(text) // 4 + 1
@@ -89,27 +93,47 @@ class RefusingLLM(ScriptedLLM):
 def good_plan(request: LLMRequest) -> str:
     """The plan a sensible model would write for the planted groups (nothing for other groups)."""
     if ids_with(request, "Mount Tam"):
-        return json.dumps({
-            "merges": [{
-                "member_ids": ids_with(request, "Mount Tam"),
-                "merged": {"title": "Mount Tam hike", "summary": "Alice and Bob hiked Mount Tam.",
-                           "details": "On Saturday Alice and Bob hiked Mount Tam in Alice's new boots and saw a coyote near the summit.",
-                           # Not a member's timestamp, and made-up provenance: both must be replaced.
-                           "timestamp": "2023-06-30", "source_turn_ids": ["made-up"]},
-            }],
-            "deletions": [],
-        })
+        return json.dumps(
+            {
+                "merges": [
+                    {
+                        "member_ids": ids_with(request, "Mount Tam"),
+                        "merged": {
+                            "title": "Mount Tam hike",
+                            "summary": "Alice and Bob hiked Mount Tam.",
+                            "details": "On Saturday Alice and Bob hiked Mount Tam in Alice's new boots and saw a "
+                            "coyote near the summit.",
+                            # Not a member's timestamp, and made-up provenance: both must be replaced.
+                            "timestamp": "2023-06-30",
+                            "source_turn_ids": ["made-up"],
+                        },
+                    }
+                ],
+                "deletions": [],
+            }
+        )
     if ids_with(request, "bakery in Oakland"):
-        return json.dumps({"merges": [], "deletions": [{"id": ids_with(request, "bakery in Oakland")[0], "reason": "outdated"}]})
+        return json.dumps(
+            {"merges": [], "deletions": [{"id": ids_with(request, "bakery in Oakland")[0], "reason": "outdated"}]}
+        )
     if ids_with(request, "jazz"):
-        return json.dumps({
-            "merges": [{
-                "member_ids": ids_with(request, "jazz"),
-                "merged": {"entity": "Alice", "relation": "likes", "object": "jazz music, especially live",
-                           "timestamp": "2023-05-02", "context": "Mentioned twice while planning weekends."},
-            }],
-            "deletions": [{"id": i, "reason": "outdated"} for i in ids_with(request, "Paris")],
-        })
+        return json.dumps(
+            {
+                "merges": [
+                    {
+                        "member_ids": ids_with(request, "jazz"),
+                        "merged": {
+                            "entity": "Alice",
+                            "relation": "likes",
+                            "object": "jazz music, especially live",
+                            "timestamp": "2023-05-02",
+                            "context": "Mentioned twice while planning weekends.",
+                        },
+                    }
+                ],
+                "deletions": [{"id": i, "reason": "outdated"} for i in ids_with(request, "Paris")],
+            }
+        )
     kind = "tuple" if '"entity"' in json.dumps(shown_memories(request)) else "episode"
     return (EpisodePlan if kind == "episode" else TuplePlan)(merges=[], deletions=[]).model_dump_json()
 
@@ -123,31 +147,68 @@ def planted(memory) -> dict[str, int]:
     s1, s2, s3 = (make_session(NS, i) for i in (1, 2, 3))
     ids = {}
     names = ["hike1", "bakery", "cat", "paris", "jazz1", "tea"]
-    ids.update(zip(names, memory.add_memories(
-        NS,
-        episodes=[make_episode("Hiking trip", "Alice hiked Mount Tam with Bob on Saturday and saw a coyote.", ["s1:0"], day=3),
-                  make_episode("Job", "Alice started a new job at a bakery in Oakland.", ["s1:1"], day=1),
-                  make_episode("Cat", "Alice adopted a grey cat named Miso from a shelter.", ["s1:2"], day=2)],
-        tuples=[make_tuple("Alice", "lives in", "Paris", ["s1:2"], day=1),
-                make_tuple("Alice", "likes", "jazz", ["s1:3"], day=2),
-                make_tuple("Bob", "drinks", "green tea every morning", ["s1:1"], day=2)],
-        session=s1,
-    )))
+    ids.update(
+        zip(
+            names,
+            memory.add_memories(
+                NS,
+                episodes=[
+                    make_episode(
+                        "Hiking trip", "Alice hiked Mount Tam with Bob on Saturday and saw a coyote.", ["s1:0"], day=3
+                    ),
+                    make_episode("Job", "Alice started a new job at a bakery in Oakland.", ["s1:1"], day=1),
+                    make_episode("Cat", "Alice adopted a grey cat named Miso from a shelter.", ["s1:2"], day=2),
+                ],
+                tuples=[
+                    make_tuple("Alice", "lives in", "Paris", ["s1:2"], day=1),
+                    make_tuple("Alice", "likes", "jazz", ["s1:3"], day=2),
+                    make_tuple("Bob", "drinks", "green tea every morning", ["s1:1"], day=2),
+                ],
+                session=s1,
+            ),
+            strict=True,
+        )
+    )
     names = ["hike2", "hike3", "jazz2"]
-    ids.update(zip(names, memory.add_memories(
-        NS,
-        episodes=[make_episode("Hiking trip", "On Saturday Alice and Bob hiked Mount Tam; they spotted a coyote near the summit.", ["s2:1"], day=4),
-                  make_episode("Hike", "Alice went hiking on Mount Tam, wearing her new boots.", ["s2:2", "s2:1"], day=5)],
-        tuples=[make_tuple("Alice", "enjoys", "live jazz music", ["s2:0"], day=6)],
-        session=s2,
-    )))
+    ids.update(
+        zip(
+            names,
+            memory.add_memories(
+                NS,
+                episodes=[
+                    make_episode(
+                        "Hiking trip",
+                        "On Saturday Alice and Bob hiked Mount Tam; they spotted a coyote near the summit.",
+                        ["s2:1"],
+                        day=4,
+                    ),
+                    make_episode(
+                        "Hike", "Alice went hiking on Mount Tam, wearing her new boots.", ["s2:2", "s2:1"], day=5
+                    ),
+                ],
+                tuples=[make_tuple("Alice", "enjoys", "live jazz music", ["s2:0"], day=6)],
+                session=s2,
+            ),
+            strict=True,
+        )
+    )
     names = ["library", "lyon"]
-    ids.update(zip(names, memory.add_memories(
-        NS,
-        episodes=[make_episode("New job", "Alice quit the bakery and now works at a library in Berkeley.", ["s3:0"], day=20)],
-        tuples=[make_tuple("Alice", "lives in", "Lyon", ["s3:1"], day=15)],
-        session=s3,
-    )))
+    ids.update(
+        zip(
+            names,
+            memory.add_memories(
+                NS,
+                episodes=[
+                    make_episode(
+                        "New job", "Alice quit the bakery and now works at a library in Berkeley.", ["s3:0"], day=20
+                    )
+                ],
+                tuples=[make_tuple("Alice", "lives in", "Lyon", ["s3:1"], day=15)],
+                session=s3,
+            ),
+            strict=True,
+        )
+    )
     return ids
 
 
@@ -163,15 +224,19 @@ def rows(memory: HybridMemory, table: str) -> list[dict]:
 
 
 def snapshot(memory: HybridMemory) -> dict[str, list[dict]]:
-    return {t: rows(memory, t) for t in ("memories", "events", "consolidation_runs", "namespaces", "sessions", "embeddings")}
+    return {
+        t: rows(memory, t) for t in ("memories", "events", "consolidation_runs", "namespaces", "sessions", "embeddings")
+    }
 
 
 QUERIES = ["Where did Alice hike?", "What music does Alice like?", "Where does Alice work?", "Where does Alice live?"]
 
 
 def search_results(memory: HybridMemory) -> list[list[tuple[int, float]]]:
-    return [[(h.memory.id, round(h.score, 5)) for h in [*r.episodes, *r.tuples]]
-            for r in (memory.search(q, namespace=NS, k=3) for q in QUERIES)]
+    return [
+        [(h.memory.id, round(h.score, 5)) for h in [*r.episodes, *r.tuples]]
+        for r in (memory.search(q, namespace=NS, k=3) for q in QUERIES)
+    ]
 
 
 # --------------------------------------------------------------------------- plan, apply
@@ -194,7 +259,9 @@ def test_dry_run_records_plan_and_real_run_replays_it_from_the_cache(memory, pla
     assert report.llm.requests == report.llm.cached == 3
     assert report.run_id is not None
     assert {k: (s.memories_before, s.memories_after, s.merges, s.deletions) for k, s in report.stores.items()} == {
-        "episode": (6, 3, 1, 1), "tuple": (5, 3, 1, 1)}
+        "episode": (6, 3, 1, 1),
+        "tuple": (5, 3, 1, 1),
+    }
     assert round(report.compression_pct, 2) == round(100 * 5 / 11, 2)
     counts = memory.store.counts(NS)
     assert (counts["episodes_active"], counts["tuples_active"]) == (3, 3)
@@ -232,7 +299,12 @@ def test_dry_run_records_plan_and_real_run_replays_it_from_the_cache(memory, pla
     stored = ConsolidationReport.model_validate_json(run["report"])
     assert stored.merged == report.merged and stored.plan is None
     assert "Mount Tam" not in run["report"], "the run row keeps ids, not memory text"
-    assert memory.store.conn.execute("SELECT sessions_since_consolidation FROM namespaces WHERE name = ?", (NS,)).fetchone()[0] == 0
+    assert (
+        memory.store.conn.execute(
+            "SELECT sessions_since_consolidation FROM namespaces WHERE name = ?", (NS,)
+        ).fetchone()[0]
+        == 0
+    )
 
     # Search sees the merged rows, not their sources.
     hits = memory.search("Alice and Bob hiked Mount Tam and saw a coyote", namespace=NS, k=3)
@@ -246,7 +318,9 @@ def test_dry_run_records_plan_and_real_run_replays_it_from_the_cache(memory, pla
 
 def test_a_plan_changes_nothing_until_the_facade_applies_it_and_stale_groups_are_skipped(memory, planted):
     before = snapshot(memory)
-    report = plan_consolidation(memory.indexes, NS, ScriptedLLM(good_plan), memory.config, clusters=planted_clusters(planted))
+    report = plan_consolidation(
+        memory.indexes, NS, ScriptedLLM(good_plan), memory.config, clusters=planted_clusters(planted)
+    )
     assert snapshot(memory) == before, "planning writes nothing"
     assert report.dry_run and report.run_id is None and len(report.plan.groups) == 3
     assert (report.stores["episode"].merges, report.stores["tuple"].merges) == (1, 1)  # what applying would do
@@ -259,7 +333,9 @@ def test_a_plan_changes_nothing_until_the_facade_applies_it_and_stale_groups_are
     assert (applied.stores["episode"].merges, applied.stores["tuple"].merges) == (1, 0)
     (episode_id,) = applied.merged
     (merge_event,) = [e for e in memory.history(episode_id) if e.action == "merge"]
-    assert merge_event.run_id == applied.run_id and merge_event.before is None  # several sources: each has its own event
+    assert (
+        merge_event.run_id == applied.run_id and merge_event.before is None
+    )  # several sources: each has its own event
     assert memory.get(planted["jazz2"]).status == MemoryStatus.active
 
 
@@ -284,7 +360,9 @@ def test_undo_restores_exact_rows_and_search_results(memory, planted):
 
     assert [e.action for e in memory.history(planted["hike1"])] == ["add", "superseded", "undo"]
     assert [e.action for e in memory.store.run_events(report.run_id)].count("undo") == 9
-    status = memory.store.conn.execute("SELECT status FROM consolidation_runs WHERE id = ?", (report.run_id,)).fetchone()[0]
+    status = memory.store.conn.execute(
+        "SELECT status FROM consolidation_runs WHERE id = ?", (report.run_id,)
+    ).fetchone()[0]
     assert status == "undone"
     with pytest.raises(ConsolidationError, match="already undone"):
         memory.undo(report.run_id)
@@ -292,13 +370,28 @@ def test_undo_restores_exact_rows_and_search_results(memory, planted):
 
 def test_undo_is_refused_while_a_later_run_builds_on_the_same_memories(memory, planted):
     initial = rows(memory, "memories")
-    first = memory.consolidate(NS, llm=ScriptedLLM(good_plan), clusters={"tuple": [[planted["jazz1"], planted["jazz2"]]]})
+    first = memory.consolidate(
+        NS, llm=ScriptedLLM(good_plan), clusters={"tuple": [[planted["jazz1"], planted["jazz2"]]]}
+    )
     (jazz_merged,) = first.merged
 
     def merge_all(request):
-        return json.dumps({"merges": [{"member_ids": [m["id"] for m in shown_memories(request)],
-                                       "merged": {"entity": "Alice", "relation": "likes", "object": "jazz and tea",
-                                                  "timestamp": "2023-05-06"}}], "deletions": []})
+        return json.dumps(
+            {
+                "merges": [
+                    {
+                        "member_ids": [m["id"] for m in shown_memories(request)],
+                        "merged": {
+                            "entity": "Alice",
+                            "relation": "likes",
+                            "object": "jazz and tea",
+                            "timestamp": "2023-05-06",
+                        },
+                    }
+                ],
+                "deletions": [],
+            }
+        )
 
     second = memory.consolidate(NS, llm=ScriptedLLM(merge_all), clusters={"tuple": [[jazz_merged, planted["tea"]]]})
     with pytest.raises(ConsolidationError, match=rf"run {second.run_id}.*undo the later run"):
@@ -322,7 +415,8 @@ RECORDED_SMOLLM2_REPLY = (
     'recently and found the transgender stories inspiring.", "timestamp": "2023-05-08" }}, { "member_ids": ["M2", '
     '"M4"], "merged": {"title": "M2", "summary": "M2 attended an LGBTQ support group recently and found the '
     'transgender stories inspiring.", "details": "M2 attended an LGBTQ support group recently and found the '
-    'transgender stories inspiring.", "timestamp": "2023-05-08" }} ] ,"deletions": [{"id": "M1", "reason": "outdated"}]}'
+    'transgender stories inspiring.", "timestamp": "2023-05-08" '
+    '}} ] ,"deletions": [{"id": "M1", "reason": "outdated"}]}'
 )
 
 
@@ -330,17 +424,32 @@ def _bad_episode_plans(request):
     hikes = ids_with(request, "Mount Tam")
     merged = {"title": "t", "summary": "s", "details": "d", "timestamp": "2023-05-05"}
     return {
-        "foreign id": ({"merges": [{"member_ids": [hikes[0], "M9"], "merged": merged}], "deletions": []}, "not in this group"),
-        "duplicate id": ({"merges": [{"member_ids": hikes[:2], "merged": merged}],
-                          "deletions": [{"id": hikes[0], "reason": "duplicate"}]}, "more than once"),
-        "wrong schema": ({"merges": [{"member_ids": hikes[:1], "merged": {"title": "t"}}]}, "does not match EpisodePlan"),
-        "deletes everything": ({"merges": [], "deletions": [{"id": m["id"], "reason": "outdated"} for m in shown_memories(request)]},
-                               "deletes every memory"),
+        "foreign id": (
+            {"merges": [{"member_ids": [hikes[0], "M9"], "merged": merged}], "deletions": []},
+            "not in this group",
+        ),
+        "duplicate id": (
+            {
+                "merges": [{"member_ids": hikes[:2], "merged": merged}],
+                "deletions": [{"id": hikes[0], "reason": "duplicate"}],
+            },
+            "more than once",
+        ),
+        "wrong schema": (
+            {"merges": [{"member_ids": hikes[:1], "merged": {"title": "t"}}]},
+            "does not match EpisodePlan",
+        ),
+        "deletes everything": (
+            {"merges": [], "deletions": [{"id": m["id"], "reason": "outdated"} for m in shown_memories(request)]},
+            "deletes every memory",
+        ),
         "recorded SmolLM2 reply": (json.loads(RECORDED_SMOLLM2_REPLY), "'M1' is used more than once"),
     }
 
 
-@pytest.mark.parametrize("case", ["foreign id", "duplicate id", "wrong schema", "deletes everything", "recorded SmolLM2 reply"])
+@pytest.mark.parametrize(
+    "case", ["foreign id", "duplicate id", "wrong schema", "deletes everything", "recorded SmolLM2 reply"]
+)
 def test_invalid_plans_are_retried_once_then_skipped_without_any_change(memory, planted, case):
     before = rows(memory, "memories")
     events_before = len(rows(memory, "events"))
@@ -369,8 +478,17 @@ def test_a_plan_fixed_on_retry_is_applied_and_a_bad_group_does_not_block_others(
 
     def respond(request):
         if ids_with(request, "Mount Tam") and replies.pop("first", False):
-            return json.dumps({"merges": [{"member_ids": ["M1", "M1"], "merged": {
-                "title": "t", "summary": "s", "details": "d", "timestamp": "2023-05-05"}}], "deletions": []})
+            return json.dumps(
+                {
+                    "merges": [
+                        {
+                            "member_ids": ["M1", "M1"],
+                            "merged": {"title": "t", "summary": "s", "details": "d", "timestamp": "2023-05-05"},
+                        }
+                    ],
+                    "deletions": [],
+                }
+            )
         if ids_with(request, "bakery in Oakland"):
             return json.dumps({"merges": [], "deletions": [{"id": "M7", "reason": "outdated"}]})
         return good_plan(request)
@@ -388,8 +506,9 @@ def test_a_plan_fixed_on_retry_is_applied_and_a_bad_group_does_not_block_others(
 def test_clusters_that_do_not_fit_the_context_are_split(tmp_path, minilm):
     config = load_config(overrides={"llm.context_tokens": 700, "llm.max_new_tokens": 64})
     with HybridMemory.open(tmp_path / "m.db", config=config, embedder=minilm) as memory:
-        ids = memory.add_memories(NS, tuples=[make_tuple("Alice", "visited", f"museum number {i} in Rome", day=1 + i % 28)
-                                              for i in range(40)])
+        ids = memory.add_memories(
+            NS, tuples=[make_tuple("Alice", "visited", f"museum number {i} in Rome", day=1 + i % 28) for i in range(40)]
+        )
         llm = ScriptedLLM(good_plan)
         report = memory.consolidate(NS, llm=llm, clusters={"tuple": [ids]})
     (batch,) = llm.batches
@@ -405,7 +524,11 @@ def test_bad_clusters_argument_names_the_problem(memory, planted):
     with pytest.raises(ValueError, match=r"clusters\['tuple'\]\[0\]: memory .* is not an active tuple"):
         memory.consolidate(NS, llm=RefusingLLM(), clusters={"tuple": [[planted["hike1"], planted["paris"]]]})
     with pytest.raises(ValueError, match="more than one cluster"):
-        memory.consolidate(NS, llm=RefusingLLM(), clusters={"tuple": [[planted["paris"], planted["lyon"]], [planted["paris"], planted["tea"]]]})
+        memory.consolidate(
+            NS,
+            llm=RefusingLLM(),
+            clusters={"tuple": [[planted["paris"], planted["lyon"]], [planted["paris"], planted["tea"]]]},
+        )
     with pytest.raises(KeyError, match="does not exist"):
         memory.consolidate("nobody", llm=RefusingLLM(), clusters={})
 
@@ -469,8 +592,10 @@ def _child(db: str, cache: str, clusters: str, model_id: str, dim: str) -> None:
         time.sleep(CHILD_STEP_SLEEP_S)
 
     store_module.MemoryStore.set_status = set_status_then_pause
-    with HybridMemory.open(db, embedder=CacheOnlyEmbedder(model_id, int(dim))) as memory, \
-            CachedLLM(RefusingLLM(), Path(cache)) as llm:
+    with (
+        HybridMemory.open(db, embedder=CacheOnlyEmbedder(model_id, int(dim))) as memory,
+        CachedLLM(RefusingLLM(), Path(cache)) as llm,
+    ):
         print("ready", flush=True)
         memory.consolidate(NS, llm=llm, clusters=json.loads(clusters))
         print("done", flush=True)
@@ -491,13 +616,25 @@ def _logical_dump(path: Path) -> dict:
     """Rows without wall-clock columns, so a run in another process compares equal."""
     conn = sqlite3.connect(path)
     conn.row_factory = sqlite3.Row
-    memories = [{k: r[k] for k in r.keys() if k != "created_at"} for r in conn.execute("SELECT * FROM memories ORDER BY id")]
-    events = [(r["action"], r["memory_id"], r["run_id"], r["reason"]) for r in conn.execute("SELECT * FROM events ORDER BY id")]
+    memories = [
+        {k: v for k, v in zip(r.keys(), r, strict=True) if k != "created_at"}
+        for r in conn.execute("SELECT * FROM memories ORDER BY id")
+    ]
+    events = [
+        (r["action"], r["memory_id"], r["run_id"], r["reason"])
+        for r in conn.execute("SELECT * FROM events ORDER BY id")
+    ]
     runs = [(r["id"], r["status"], r["backend"]) for r in conn.execute("SELECT * FROM consolidation_runs ORDER BY id")]
     counter = conn.execute("SELECT sessions_since_consolidation FROM namespaces").fetchall()
     ok = conn.execute("PRAGMA integrity_check").fetchone()[0]
     conn.close()
-    return {"memories": memories, "events": events, "runs": runs, "counter": [tuple(r) for r in counter], "integrity": ok}
+    return {
+        "memories": memories,
+        "events": events,
+        "runs": runs,
+        "counter": [tuple(r) for r in counter],
+        "integrity": ok,
+    }
 
 
 def _copy_db(source: Path, target: Path) -> None:
@@ -514,20 +651,27 @@ def test_sigkill_during_apply_leaves_the_store_before_or_after_never_between(mem
     with CachedLLM(ScriptedLLM(good_plan), cache) as recorder:
         dry = memory.consolidate(NS, llm=recorder, clusters=clusters, dry_run=True)
     # Cache the merged records' vectors as a real run would, so children never embed.
-    merged = [(Episode if isinstance(m.merged, EpisodeDraft) else RelationalTuple)(**m.merged.model_dump())
-              for g in dry.plan.groups for m in g.merges]
+    merged = [
+        (Episode if isinstance(m.merged, EpisodeDraft) else RelationalTuple)(**m.merged.model_dump())
+        for g in dry.plan.groups
+        for m in g.merges
+    ]
     memory.indexes.embed(NS, [m.index_text() for m in merged])
     pristine = tmp_path / "pristine.db"
     _copy_db(memory.store.path, pristine)
     before = _logical_dump(pristine)
     reference = tmp_path / "reference.db"
     _copy_db(pristine, reference)
-    with HybridMemory.open(reference, embedder=CacheOnlyEmbedder(minilm.model_id, minilm.dimension)) as ref, \
-            CachedLLM(RefusingLLM(), cache) as llm:
+    with (
+        HybridMemory.open(reference, embedder=CacheOnlyEmbedder(minilm.model_id, minilm.dimension)) as ref,
+        CachedLLM(RefusingLLM(), cache) as llm,
+    ):
         ref.consolidate(NS, llm=llm, clusters=clusters)
     after = _logical_dump(reference)
     assert after != before
-    steps = sum(len(m.source_ids) for g in dry.plan.groups for m in g.merges) + sum(len(g.deletions) for g in dry.plan.groups)
+    steps = sum(len(m.source_ids) for g in dry.plan.groups for m in g.merges) + sum(
+        len(g.deletions) for g in dry.plan.groups
+    )
 
     outcomes = []
     run_s = 0.0  # how long a child takes from "ready" to exit, measured by the unkilled run
@@ -539,9 +683,20 @@ def test_sigkill_during_apply_leaves_the_store_before_or_after_never_between(mem
         db = tmp_path / f"run{seed}.db"
         _copy_db(pristine, db)
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.test_consolidation", str(db), str(cache), json.dumps(clusters),
-             minilm.model_id, str(minilm.dimension)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "tests.test_consolidation",
+                str(db),
+                str(cache),
+                json.dumps(clusters),
+                minilm.model_id,
+                str(minilm.dimension),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         assert child.stdout.readline().strip() == "ready", child.stderr.read()
         if seed == 0:
@@ -579,39 +734,87 @@ def test_real_clusterer_groups_planted_near_duplicates_and_maybe_consolidate_mer
     from hybridmem_local.clustering import CPUClusterer
 
     topics = {
-        "Biscuit": ["Alice has a golden retriever named Biscuit.", "Biscuit is Alice's golden retriever.",
-                    "Alice owns a dog called Biscuit, a golden retriever.", "Alice's dog Biscuit is a golden retriever.",
-                    "Alice adopted a golden retriever and named him Biscuit.", "The golden retriever Alice owns is named Biscuit."],
-        "Lisbon": ["Alice is moving to Lisbon next spring for a new job.", "Alice will relocate to Lisbon in spring for work.",
-                   "Next spring Alice moves to Lisbon because of a job offer.", "Alice got a job in Lisbon and moves there next spring.",
-                   "Alice plans to move to Lisbon next spring for work.", "Alice accepted a position in Lisbon, moving in spring."],
-        "peanut": ["Alice is allergic to peanuts.", "Alice has a peanut allergy.", "Eating peanuts gives Alice an allergic reaction.",
-                    "Alice cannot eat peanuts because of an allergy.", "Alice avoids peanuts due to her allergy.",
-                    "Alice said she is allergic to peanuts."],
+        "Biscuit": [
+            "Alice has a golden retriever named Biscuit.",
+            "Biscuit is Alice's golden retriever.",
+            "Alice owns a dog called Biscuit, a golden retriever.",
+            "Alice's dog Biscuit is a golden retriever.",
+            "Alice adopted a golden retriever and named him Biscuit.",
+            "The golden retriever Alice owns is named Biscuit.",
+        ],
+        "Lisbon": [
+            "Alice is moving to Lisbon next spring for a new job.",
+            "Alice will relocate to Lisbon in spring for work.",
+            "Next spring Alice moves to Lisbon because of a job offer.",
+            "Alice got a job in Lisbon and moves there next spring.",
+            "Alice plans to move to Lisbon next spring for work.",
+            "Alice accepted a position in Lisbon, moving in spring.",
+        ],
+        "peanut": [
+            "Alice is allergic to peanuts.",
+            "Alice has a peanut allergy.",
+            "Eating peanuts gives Alice an allergic reaction.",
+            "Alice cannot eat peanuts because of an allergy.",
+            "Alice avoids peanuts due to her allergy.",
+            "Alice said she is allergic to peanuts.",
+        ],
     }
     rng = random.Random(7)
     subjects = ["Bob", "Carol", "Dan", "Erin", "Frank", "Grace", "Heidi", "Ivan"]
-    things = ["a violin", "the stock market", "quantum physics", "a sailing boat", "Roman history", "sourdough bread",
-              "a chess club", "mountain biking", "a jazz record", "tax forms", "a vegetable garden", "an old camera"]
+    things = [
+        "a violin",
+        "the stock market",
+        "quantum physics",
+        "a sailing boat",
+        "Roman history",
+        "sourdough bread",
+        "a chess club",
+        "mountain biking",
+        "a jazz record",
+        "tax forms",
+        "a vegetable garden",
+        "an old camera",
+    ]
     filler = [f"{rng.choice(subjects)} talked about {thing} on day {i}." for i, thing in enumerate(things * 3)]
-    config = load_config(overrides={"consolidation.every_n_sessions": 2, "consolidation.hdbscan.min_cluster_size": 5,
-                                    "consolidation.backend": "cpu"})
+    config = load_config(
+        overrides={
+            "consolidation.every_n_sessions": 2,
+            "consolidation.hdbscan.min_cluster_size": 5,
+            "consolidation.backend": "cpu",
+        }
+    )
 
     def merge_planted(request):
         for needle in topics:
             members = ids_with(request, needle)
             if len(members) >= 2:
-                return json.dumps({"merges": [{"member_ids": members, "merged": {
-                    "title": needle, "summary": needle, "details": topics[needle][0], "timestamp": "2023-05-01"}}],
-                    "deletions": []})
+                return json.dumps(
+                    {
+                        "merges": [
+                            {
+                                "member_ids": members,
+                                "merged": {
+                                    "title": needle,
+                                    "summary": needle,
+                                    "details": topics[needle][0],
+                                    "timestamp": "2023-05-01",
+                                },
+                            }
+                        ],
+                        "deletions": [],
+                    }
+                )
         return EpisodePlan(merges=[], deletions=[]).model_dump_json()
 
     with HybridMemory.open(tmp_path / "m.db", config=config, embedder=minilm) as memory:
         texts = [t for group in topics.values() for t in group] + filler
         rng.shuffle(texts)
-        ids = memory.add_memories(NS, episodes=[make_episode(f"note {i}", text, day=1 + i % 28) for i, text in enumerate(texts)],
-                                  session=make_session(NS, 1))
-        id_of = dict(zip(texts, ids))
+        ids = memory.add_memories(
+            NS,
+            episodes=[make_episode(f"note {i}", text, day=1 + i % 28) for i, text in enumerate(texts)],
+            session=make_session(NS, 1),
+        )
+        id_of = dict(zip(texts, ids, strict=True))
         clusterer = CPUClusterer(config.consolidation)
         assert memory.consolidate_if_due(NS, llm=RefusingLLM(), clusterer=clusterer) is None, "1 session < 2"
         memory.ingest([make_session(NS, 2)], curate=False)
@@ -625,7 +828,9 @@ def test_real_clusterer_groups_planted_near_duplicates_and_maybe_consolidate_mer
             ids = {id_of[text] for text in group}
             assert ids in merged_sources, f"{needle}: {ids} not merged as one ({merged_sources})"
         assert memory.store.counts(NS)["episodes_active"] == len(texts) - 18 + 3
-        assert memory.consolidate_if_due(NS, llm=RefusingLLM(), clusterer=clusterer) is None, "the run reset the counter"
+        assert memory.consolidate_if_due(NS, llm=RefusingLLM(), clusterer=clusterer) is None, (
+            "the run reset the counter"
+        )
 
 
 if __name__ == "__main__":

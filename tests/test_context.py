@@ -8,7 +8,17 @@ import pytest
 
 from hybridmem_local.config import load_config
 from hybridmem_local.context import assemble_context
-from hybridmem_local.schema import Episode, EvidenceWindow, Hit, RelationalTuple, SearchResult, Session, Turn, WindowHit, turn_line
+from hybridmem_local.schema import (
+    Episode,
+    EvidenceWindow,
+    Hit,
+    RelationalTuple,
+    SearchResult,
+    Session,
+    Turn,
+    WindowHit,
+    turn_line,
+)
 from hybridmem_local.store import MemoryStore
 from hybridmem_local.windows import with_source_turns
 from tests.factories import BASE_DATE, make_episode, make_tuple
@@ -22,7 +32,9 @@ LINES = [
     "Your puppy has expensive taste.",
 ]
 SESSION = Session(
-    session_id="s1", namespace="alice", started_at=BASE_DATE,
+    session_id="s1",
+    namespace="alice",
+    started_at=BASE_DATE,
     turns=[Turn(turn_id=f"s1:{i}", speaker=("Bob", "Alice")[i % 2], text=text) for i, text in enumerate(LINES)],
 )
 
@@ -46,7 +58,9 @@ def store(tmp_path):
 
 def _memories(store: MemoryStore) -> tuple[Episode, RelationalTuple]:
     drafts = [
-        make_episode("Riverside 10K", "Bob ran the Riverside 10K in Portland and finished in 52 minutes.", ["s1:0", "s1:2"]),
+        make_episode(
+            "Riverside 10K", "Bob ran the Riverside 10K in Portland and finished in 52 minutes.", ["s1:0", "s1:2"]
+        ),
         make_tuple("Biscuit", "chewed", "Bob's running shoes", ["s1:4", "s9:9"]),  # s9:9: not a stored turn
     ]
     ids = store.insert_memories("alice", drafts)
@@ -57,13 +71,21 @@ def _memories(store: MemoryStore) -> tuple[Episode, RelationalTuple]:
 def _result(store: MemoryStore, windows: list[EvidenceWindow] = (), memories=()) -> SearchResult:
     result = SearchResult(query="q", namespace="alice", windows=[WindowHit(window=w, score=1.0) for w in windows])
     for rank, memory in enumerate(memories):
-        (result.episodes if memory.kind == "episode" else result.tuples).append(Hit(memory=memory, score=1.0 / (rank + 1)))
+        (result.episodes if memory.kind == "episode" else result.tuples).append(
+            Hit(memory=memory, score=1.0 / (rank + 1))
+        )
     return with_source_turns(store, result)
 
 
 def _window(start: int, size: int = 3) -> EvidenceWindow:
-    return EvidenceWindow(id=100 + start, namespace="alice", session_id="s1", session_date=BASE_DATE, start=start,
-                          turns=SESSION.turns[start : start + size])
+    return EvidenceWindow(
+        id=100 + start,
+        namespace="alice",
+        session_id="s1",
+        session_date=BASE_DATE,
+        start=start,
+        turns=SESSION.turns[start : start + size],
+    )
 
 
 def _shown(context) -> set[str]:
@@ -141,25 +163,38 @@ def test_the_library_and_the_eval_systems_show_the_turns_when_the_config_says_so
     from hybridmem_local.memory import HybridMemory
 
     # Memories only, so a turn in the context can only have come as a memory's evidence.
-    overrides = {"answering.evidence_turns": True, "retrieval.context_budget": 400, "retrieval.sources": ["episodes", "tuples"]}
+    overrides = {
+        "answering.evidence_turns": True,
+        "retrieval.context_budget": 400,
+        "retrieval.sources": ["episodes", "tuples"],
+    }
     config = load_config(overrides=overrides)
     with HybridMemory.open(tmp_path / "m.db", config, embedder=minilm) as memory:
         memory.ingest([SESSION], curate=False)
-        memory.add_memories("alice", episodes=[make_episode("Riverside 10K", "Bob finished the Riverside 10K in 52 minutes.", ["s1:2"])])
+        memory.add_memories(
+            "alice", episodes=[make_episode("Riverside 10K", "Bob finished the Riverside 10K in 52 minutes.", ["s1:2"])]
+        )
         result = memory.answer_search("How long did Bob's 10K take?", namespace="alice")
         assert [w.turns[0].turn_id for w in result.source_turns] == ["s1:2"]
         memory.config.answering.evidence_turns = False
         assert memory.answer_search("How long did Bob's 10K take?", namespace="alice").source_turns == []
 
         words = lambda text: len(text.split())  # noqa: E731
-        question = EvalQuestion(question_id="q1", question="How long did Bob's 10K take?", gold="52 minutes", category="single-hop")
+        question = EvalQuestion(
+            question_id="q1", question="How long did Bob's 10K take?", gold="52 minutes", category="single-hop"
+        )
         for evidence_turns in (True, False):
             settings = SystemSettings(
                 config=load_config(overrides={**overrides, "answering.evidence_turns": evidence_turns}),
-                count_tokens=words, context_limit=lambda q: 400, k=5,
+                count_tokens=words,
+                context_limit=lambda q: 400,
+                k=5,
             )
             system = HybridSystem(settings)
-            system.prepare(EvalConversation(conversation_id="c", namespace="alice", sessions=[SESSION], questions=[question]), memory)
+            system.prepare(
+                EvalConversation(conversation_id="c", namespace="alice", sessions=[SESSION], questions=[question]),
+                memory,
+            )
             context = system.context(question)
             assert (turn_line(SESSION.turns[2]) in context.text) is evidence_turns
             assert context.memory_texts and set(context.memory_texts) == set(context.short_ids)

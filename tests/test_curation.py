@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Sequence
+from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
@@ -21,8 +22,8 @@ from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.curation import CurationReply, Curator, normalise_timestamp, reply_schema
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
-from hybridmem_local.prompts import load_prompt
 from hybridmem_local.memory import HybridMemory
+from hybridmem_local.prompts import load_prompt
 from hybridmem_local.schema import CurationResult, Session, Turn
 from tests.conftest import SMOLLM2_CONFIG
 
@@ -34,16 +35,37 @@ def shown_turn_ids(request: LLMRequest) -> list[str]:
     return _TURN_LINE.findall(request.messages[-1].content)
 
 
-def reply_citing(ids_for: Callable[[list[str]], list[str]], timestamp: str = "2023-05-07") -> Callable[[LLMRequest], str]:
+def reply_citing(
+    ids_for: Callable[[list[str]], list[str]], timestamp: str = "2023-05-07"
+) -> Callable[[LLMRequest], str]:
     """A reply with one episode and one tuple per request, citing ``ids_for(shown ids)``."""
 
     def reply(request: LLMRequest) -> str:
         shown = shown_turn_ids(request)
         cited = ids_for(shown)
-        return json.dumps({
-            "episodes": [{"title": f"Talk {shown[0]}", "summary": "s", "details": "d", "timestamp": timestamp, "source_turn_ids": cited}],
-            "tuples": [{"entity": "Alice", "relation": "said", "object": f"words of {shown[0]}", "timestamp": timestamp, "context": "c", "source_turn_ids": cited}],
-        })
+        return json.dumps(
+            {
+                "episodes": [
+                    {
+                        "title": f"Talk {shown[0]}",
+                        "summary": "s",
+                        "details": "d",
+                        "timestamp": timestamp,
+                        "source_turn_ids": cited,
+                    }
+                ],
+                "tuples": [
+                    {
+                        "entity": "Alice",
+                        "relation": "said",
+                        "object": f"words of {shown[0]}",
+                        "timestamp": timestamp,
+                        "context": "c",
+                        "source_turn_ids": cited,
+                    }
+                ],
+            }
+        )
 
     return reply
 
@@ -70,14 +92,22 @@ class ScriptedLLM:
                 continue
             parsed, problem = check_reply(reply, request.output_schema)
             prompt_tokens = sum(self.count_tokens(m.content) for m in request.messages)
-            results.append(LLMResult(
-                text=reply, parsed=parsed, error=problem, prompt_tokens=prompt_tokens,
-                completion_tokens=self.count_tokens(reply), latency_s=0.5,
-            ))
+            results.append(
+                LLMResult(
+                    text=reply,
+                    parsed=parsed,
+                    error=problem,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=self.count_tokens(reply),
+                    latency_s=0.5,
+                )
+            )
         return results
 
 
-def make_session(session_id: str, texts: Sequence[str], namespace: str = "alice", started_at: datetime = SESSION_DATE) -> Session:
+def make_session(
+    session_id: str, texts: Sequence[str], namespace: str = "alice", started_at: datetime = SESSION_DATE
+) -> Session:
     return Session(
         session_id=session_id,
         namespace=namespace,
@@ -151,21 +181,36 @@ def test_a_reply_is_sized_to_its_window(turns, episodes, tuples, tokens):
 
 def test_memories_not_from_the_window_are_left_out():
     """Qwen2.5-Coder-0.5B copied the worked example of curation_small into a session about a race."""
+
     def reply(request):
         cited = {"timestamp": "2023-05-08", "source_turn_ids": ["s1:0"]}
         fact = {**cited, "context": ""}
-        return json.dumps({
-            "episodes": [
-                {**cited, "title": "The race", "summary": "Bob ran.", "details": "Bob ran the Riverside 10K in 52 minutes."},
-                {**cited, "title": "Lisbon", "summary": "Bob is back.", "details": "Bob is back from Lisbon, his third trip there; it took 9 hours."},
-            ],
-            "tuples": [
-                {**fact, "entity": "Bob", "relation": "finished in", "object": "52 minutes"},
-                {**fact, "entity": "Bob", "relation": "travelled to", "object": "Lisbon (third trip, 9 hours)"},
-            ],
-        })
+        return json.dumps(
+            {
+                "episodes": [
+                    {
+                        **cited,
+                        "title": "The race",
+                        "summary": "Bob ran.",
+                        "details": "Bob ran the Riverside 10K in 52 minutes.",
+                    },
+                    {
+                        **cited,
+                        "title": "Lisbon",
+                        "summary": "Bob is back.",
+                        "details": "Bob is back from Lisbon, his third trip there; it took 9 hours.",
+                    },
+                ],
+                "tuples": [
+                    {**fact, "entity": "Bob", "relation": "finished in", "object": "52 minutes"},
+                    {**fact, "entity": "Bob", "relation": "travelled to", "object": "Lisbon (third trip, 9 hours)"},
+                ],
+            }
+        )
 
-    session = make_session("s1", ["I ran the Riverside 10K yesterday and finished in 52 minutes!", "Wow, congrats Bob!"])
+    session = make_session(
+        "s1", ["I ran the Riverside 10K yesterday and finished in 52 minutes!", "Wow, congrats Bob!"]
+    )
     config = CurationConfig(max_ungrounded_share=0.5)
     [outcome] = Curator(ScriptedLLM(reply), LLM_CONFIG, config).curate([session])
     assert outcome.ok, outcome.error
@@ -192,7 +237,9 @@ def test_reply_schema_caps_lists_and_holds_timestamps_to_iso_dates():
     assert pattern.match("2023-05-07") and pattern.match("2023-05") and pattern.match("2023")
     assert not pattern.match("last week")
     # The caps shape decoding only: a longer reply (from a server that ignores schemas) is used.
-    reply = json.loads(reply_citing(lambda shown: shown)(curator.request(curator.windows(make_session("s1", ["a"]))[0])))
+    reply = json.loads(
+        reply_citing(lambda shown: shown)(curator.request(curator.windows(make_session("s1", ["a"]))[0]))
+    )
     reply["episodes"] *= 4
     assert len(reply_schema(2, 5).model_validate(reply).episodes) == 4
 
@@ -211,11 +258,13 @@ def test_windows_hold_whole_turns_within_the_budget_and_cover_each_turn_once():
     for window in windows:
         assert sum(llm.count_tokens(line + "\n") for line in window.lines) <= curator.turn_budget
     # Greedy: the next window's first turn would not have fitted in the previous window.
-    for previous, following in zip(windows, windows[1:]):
+    for previous, following in pairwise(windows):
         used = sum(llm.count_tokens(line + "\n") for line in previous.lines)
         assert used + llm.count_tokens(following.lines[0] + "\n") > curator.turn_budget
     # Windows after the first say they are part of a longer session.
-    assert "Part of a longer session of 12 turns, starting at turn s1:" in curator.request(windows[1]).messages[-1].content
+    assert (
+        "Part of a longer session of 12 turns, starting at turn s1:" in curator.request(windows[1]).messages[-1].content
+    )
 
 
 def test_a_turn_longer_than_a_window_is_cut_to_fit():
@@ -233,13 +282,17 @@ def test_a_turn_longer_than_a_window_is_cut_to_fit():
 def test_all_windows_of_all_sessions_go_in_one_generate_call():
     llm = ScriptedLLM(reply_citing(lambda shown: shown))
     curator = curator_for(llm)
-    sessions = [make_session("a", word_turns(20, 40)), make_session("b", word_turns(3, 5)), make_session("c", word_turns(15, 50))]
+    sessions = [
+        make_session("a", word_turns(20, 40)),
+        make_session("b", word_turns(3, 5)),
+        make_session("c", word_turns(15, 50)),
+    ]
     expected_windows = sum(len(curator.windows(s)) for s in sessions)
     outcomes = curator.curate(sessions)
     assert len(llm.batches) == 1
     assert len(llm.batches[0]) == expected_windows > 3
     assert [o.session_id for o in outcomes] == ["a", "b", "c"]
-    for session, outcome in zip(sessions, outcomes):
+    for session, outcome in zip(sessions, outcomes, strict=True):
         assert outcome.ok and isinstance(outcome.result, CurationResult)
         assert outcome.usage.requests == outcome.windows == len(curator.windows(session))
         # One episode per window, concatenated in turn order.
@@ -273,20 +326,43 @@ def test_without_an_embedder_a_memory_without_any_valid_id_is_kept_without_prove
 
 
 def test_a_memory_without_any_valid_id_is_aligned_to_the_turns_of_its_window(minilm):
-    texts = ["I adopted a beagle puppy named Biscuit last Friday.", "I ran the Riverside 10K in 52 minutes.",
-             "My coach Maria says I can get under 50 by autumn."]
+    texts = [
+        "I adopted a beagle puppy named Biscuit last Friday.",
+        "I ran the Riverside 10K in 52 minutes.",
+        "My coach Maria says I can get under 50 by autumn.",
+    ]
 
     def reply(request: LLMRequest) -> str:
-        return json.dumps({
-            "episodes": [
-                {"title": "Race", "summary": "Bob's 10K", "details": "Bob finished the Riverside 10K in 52 minutes.",
-                 "timestamp": "2023-05-07", "source_turn_ids": ["13:56", "2023-05-07"]},
-                {"title": "Puppy", "summary": "Alice's puppy", "details": "Alice adopted Biscuit.",
-                 "timestamp": "2023-05-05", "source_turn_ids": ["s1:0"]},
-            ],
-            "tuples": [{"entity": "Bob", "relation": "coach", "object": "Maria", "timestamp": "2023-05-08",
-                        "context": "says he can run under 50", "source_turn_ids": []}],
-        })
+        return json.dumps(
+            {
+                "episodes": [
+                    {
+                        "title": "Race",
+                        "summary": "Bob's 10K",
+                        "details": "Bob finished the Riverside 10K in 52 minutes.",
+                        "timestamp": "2023-05-07",
+                        "source_turn_ids": ["13:56", "2023-05-07"],
+                    },
+                    {
+                        "title": "Puppy",
+                        "summary": "Alice's puppy",
+                        "details": "Alice adopted Biscuit.",
+                        "timestamp": "2023-05-05",
+                        "source_turn_ids": ["s1:0"],
+                    },
+                ],
+                "tuples": [
+                    {
+                        "entity": "Bob",
+                        "relation": "coach",
+                        "object": "Maria",
+                        "timestamp": "2023-05-08",
+                        "context": "says he can run under 50",
+                        "source_turn_ids": [],
+                    }
+                ],
+            }
+        )
 
     curator = Curator(ScriptedLLM(reply), LLM_CONFIG, CurationConfig(), embed=minilm.embed)
     outcome = curator.curate([make_session("s1", texts)])[0]
@@ -305,7 +381,7 @@ def test_alignment_only_reaches_the_turns_of_the_window_the_model_was_shown(mini
     windows = curator.windows(session)
     assert len(windows) >= 2
     outcome = curator.curate([session])[0]
-    for window, episode in zip(windows, outcome.result.episodes):
+    for window, episode in zip(windows, outcome.result.episodes, strict=True):
         assert episode.provenance == "aligned"
         assert 1 <= len(episode.source_turn_ids) <= 3 and set(episode.source_turn_ids) <= set(window.turn_ids)
 
@@ -331,29 +407,36 @@ def test_memories_without_content_are_left_out_and_the_rest_of_the_reply_is_kept
         first = shown_turn_ids(request)[0]
         episode = {"timestamp": "2023-05-07", "source_turn_ids": [first]}
         fact = {"timestamp": "2023-05-07", "context": "", "source_turn_ids": [first]}
-        return json.dumps({
-            "episodes": [
-                {**episode, "title": first, "summary": first, "details": first},
-                {**episode, "title": "Support", "summary": "Kind words", "details": loop},
-                {**episode, "title": "EpisodeReply", "summary": "EpisodeReply", "details": "EpisodeReply"},
-                {**episode, "title": "Adoption", "summary": "Caroline plans to adopt",
-                 "details": "Caroline told Melanie at 13:56 that she researches adoption agencies."},
-            ],
-            "tuples": [
-                {**fact, "entity": first, "relation": first, "object": first},
-                {**fact, "entity": "D3:1:1:1:1:1:1", "relation": "is", "object": "x"},
-                {**fact, "entity": "love", "relation": "Love", "object": "LOVE "},
-                {**fact, "entity": "Caroline", "relation": "TupleReply", "object": "TupleReply"},
-                {**fact, "entity": "Caroline", "relation": "is aged", "object": "30"},
-                {**fact, "entity": "Caroline", "relation": "went to", "object": "a support group on 2023-05-07"},
-            ],
-        })
+        return json.dumps(
+            {
+                "episodes": [
+                    {**episode, "title": first, "summary": first, "details": first},
+                    {**episode, "title": "Support", "summary": "Kind words", "details": loop},
+                    {**episode, "title": "EpisodeReply", "summary": "EpisodeReply", "details": "EpisodeReply"},
+                    {
+                        **episode,
+                        "title": "Adoption",
+                        "summary": "Caroline plans to adopt",
+                        "details": "Caroline told Melanie at 13:56 that she researches adoption agencies.",
+                    },
+                ],
+                "tuples": [
+                    {**fact, "entity": first, "relation": first, "object": first},
+                    {**fact, "entity": "D3:1:1:1:1:1:1", "relation": "is", "object": "x"},
+                    {**fact, "entity": "love", "relation": "Love", "object": "LOVE "},
+                    {**fact, "entity": "Caroline", "relation": "TupleReply", "object": "TupleReply"},
+                    {**fact, "entity": "Caroline", "relation": "is aged", "object": "30"},
+                    {**fact, "entity": "Caroline", "relation": "went to", "object": "a support group on 2023-05-07"},
+                ],
+            }
+        )
 
     outcome = curator_for(ScriptedLLM(reply)).curate([make_session("s1", ["one", "two"])])[0]
     assert outcome.ok
     assert [e.title for e in outcome.result.episodes] == ["Adoption"]
     assert [(t.entity, t.object) for t in outcome.result.tuples] == [
-        ("Caroline", "30"), ("Caroline", "a support group on 2023-05-07")
+        ("Caroline", "30"),
+        ("Caroline", "a support group on 2023-05-07"),
     ]
     assert outcome.dropped_memories == [
         "episode 's1:0': only turn ids",
@@ -404,8 +487,13 @@ def fails_above(max_turns: int, ok_reply: Callable[[LLMRequest], str]) -> Callab
 
     def reply(request: LLMRequest) -> str | LLMResult:
         if len(shown_turn_ids(request)) > max_turns:
-            return LLMResult(text='{"episodes": [', error="reply does not match CurationReply (cut off at max_new_tokens)",
-                             prompt_tokens=100, completion_tokens=300, latency_s=2.0)
+            return LLMResult(
+                text='{"episodes": [',
+                error="reply does not match CurationReply (cut off at max_new_tokens)",
+                prompt_tokens=100,
+                completion_tokens=300,
+                latency_s=2.0,
+            )
         return ok_reply(request)
 
     return reply
@@ -415,10 +503,20 @@ def test_failed_windows_are_resent_split_in_half_in_one_batch_per_round():
     llm = ScriptedLLM(fails_above(2, reply_citing(lambda shown: shown)))
     outcome = curator_for(llm, retry_rounds=2).curate([make_session("s1", [f"turn {i}" for i in range(8)])])[0]
     assert [len(batch) for batch in llm.batches] == [1, 2, 4]
-    assert [shown_turn_ids(r) for r in llm.batches[2]] == [["s1:0", "s1:1"], ["s1:2", "s1:3"], ["s1:4", "s1:5"], ["s1:6", "s1:7"]]
+    assert [shown_turn_ids(r) for r in llm.batches[2]] == [
+        ["s1:0", "s1:1"],
+        ["s1:2", "s1:3"],
+        ["s1:4", "s1:5"],
+        ["s1:6", "s1:7"],
+    ]
     assert outcome.ok
     assert outcome.windows == 1 and outcome.usage.requests == 7
-    assert [e.source_turn_ids for e in outcome.result.episodes] == [["s1:0", "s1:1"], ["s1:2", "s1:3"], ["s1:4", "s1:5"], ["s1:6", "s1:7"]]
+    assert [e.source_turn_ids for e in outcome.result.episodes] == [
+        ["s1:0", "s1:1"],
+        ["s1:2", "s1:3"],
+        ["s1:4", "s1:5"],
+        ["s1:6", "s1:7"],
+    ]
     # The failed attempts' tokens and time are part of the cost.
     assert outcome.usage.completion_tokens > 3 * 300 and outcome.usage.llm_s == pytest.approx(3 * 2.0 + 4 * 0.5)
 
@@ -467,7 +565,9 @@ def test_the_demo_sessions_read_and_carry_relative_dates_to_annotate():
     assert len(turn_ids) == len(set(turn_ids))
     curator = curator_for(ScriptedLLM(reply_citing(lambda shown: shown)))
     for session in sessions:
-        annotated = [line for line in curator.render_lines(session) if re.search(r" \[~?(week of |weekend of )?\d{4}", line)]
+        annotated = [
+            line for line in curator.render_lines(session) if re.search(r" \[~?(week of |weekend of )?\d{4}", line)
+        ]
         assert annotated, f"session {session.session_id} has no relative date to annotate"
 
 
@@ -512,13 +612,19 @@ def test_the_demo_case_of_smollm2_gives_one_row_per_memory_with_aligned_turns(tm
 
 def test_a_memory_repeated_in_a_later_session_gains_its_turns_and_an_event(tmp_path, minilm):
     first, second = demo_sessions()[:2]
-    said = {"title": "Biscuit", "summary": "Alice's puppy", "details": "Alice has a beagle puppy named Biscuit.",
-            "timestamp": "2023-05-05"}
+    said = {
+        "title": "Biscuit",
+        "summary": "Alice's puppy",
+        "details": "Alice has a beagle puppy named Biscuit.",
+        "timestamp": "2023-05-05",
+    }
     replies = {
         "s1": {"episodes": [{**said, "source_turn_ids": ["s1:4"]}], "tuples": []},
         # The same memory told again, citing a turn of the later session.
-        "s2": {"episodes": [{**said, "details": "Alice has a beagle puppy named Biscuit!", "source_turn_ids": ["s2:0"]}],
-               "tuples": []},
+        "s2": {
+            "episodes": [{**said, "details": "Alice has a beagle puppy named Biscuit!", "source_turn_ids": ["s2:0"]}],
+            "tuples": [],
+        },
     }
     llm = ScriptedLLM(lambda request: json.dumps(replies[shown_turn_ids(request)[0].split(":")[0]]))
     with HybridMemory.open(tmp_path / "m.db", embedder=minilm, llm=llm) as memory:

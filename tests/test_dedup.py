@@ -24,9 +24,12 @@ def store(tmp_path):
 def plan(store, minilm, memories, session_id="s1", threshold=THRESHOLD):
     vectors = minilm.embed([index_text(m) for m in memories])
     return plan_duplicates(
-        memories, vectors,
+        memories,
+        vectors,
         candidates=lambda kind, timestamp: store.duplicate_candidates("alice", kind, timestamp, session_id),
-        vectors_of=minilm.embed, threshold=threshold, same_session=session_id is not None,
+        vectors_of=minilm.embed,
+        threshold=threshold,
+        same_session=session_id is not None,
     )
 
 
@@ -47,10 +50,14 @@ def test_content_key_ignores_case_punctuation_and_spacing():
     ("first", "copy"),
     [
         # SmolLM2 copies from LoCoMo sessions: turn ids, or list numbers, before the same text.
-        (make_episode("D1:36", "D1:36: VR gaming is awesome! Let's do it next Saturday [2022-03-26]!"),
-         make_episode("D1:37", "D1:37: VR gaming is awesome! Let's do it next Saturday [2022-03-26]!")),
-        (make_episode("D7:1", "1. Use a pizza dough to make a pizza."),
-         make_episode("D7:2", "2. Use a pizza dough to make a pizza.")),
+        (
+            make_episode("D1:36", "D1:36: VR gaming is awesome! Let's do it next Saturday [2022-03-26]!"),
+            make_episode("D1:37", "D1:37: VR gaming is awesome! Let's do it next Saturday [2022-03-26]!"),
+        ),
+        (
+            make_episode("D7:1", "1. Use a pizza dough to make a pizza."),
+            make_episode("D7:2", "2. Use a pizza dough to make a pizza."),
+        ),
     ],
 )
 def test_copies_that_differ_in_turn_ids_or_list_numbers_are_the_same_content(first, copy):
@@ -78,7 +85,9 @@ def test_a_repeat_of_a_stored_memory_points_at_its_row(store, minilm):
     (stored,) = store.insert_memories(
         "alice", [make_episode("Run", "Bob ran the Riverside 10K in 52 minutes.", ["s1:1"])], source_session_id="s1"
     )
-    result = plan(store, minilm, [make_episode("Run", "Bob ran the Riverside 10K in 52 minutes.", ["s1:0"])], session_id="s2")
+    result = plan(
+        store, minilm, [make_episode("Run", "Bob ran the Riverside 10K in 52 minutes.", ["s1:0"])], session_id="s2"
+    )
     assert result.new == [] and result.slots == [("existing", stored)]
     assert result.repeats[0].turn_ids == ["s1:0"] and f"repeats memory {stored}" in result.repeats[0].reason
 
@@ -105,14 +114,20 @@ def test_a_near_match_with_other_numbers_is_another_memory(store, minilm):
 
 
 def test_the_same_text_at_another_date_in_another_session_is_another_event(store, minilm):
-    store.insert_memories("alice", [make_episode("Group", "Caroline went to the support group.", day=1)], source_session_id="s1")
-    result = plan(store, minilm, [make_episode("Group", "Caroline went to the support group.", day=20)], session_id="s2")
+    store.insert_memories(
+        "alice", [make_episode("Group", "Caroline went to the support group.", day=1)], source_session_id="s1"
+    )
+    result = plan(
+        store, minilm, [make_episode("Group", "Caroline went to the support group.", day=20)], session_id="s2"
+    )
     assert result.repeats == [] and len(result.new) == 1
 
 
 def test_kinds_are_never_repeats_of_each_other(store, minilm):
     fact = make_tuple("Bob", "ran", "the Riverside 10K")
-    episode = EpisodeDraft(title="Bob ran", summary="the Riverside 10K", details="the Riverside 10K", timestamp="2023-05-01")
+    episode = EpisodeDraft(
+        title="Bob ran", summary="the Riverside 10K", details="the Riverside 10K", timestamp="2023-05-01"
+    )
     assert content_key(fact) == content_key(episode)
     result = plan(store, minilm, [fact, episode])
     assert result.repeats == [] and len(result.new) == 2
@@ -124,7 +139,11 @@ def test_a_threshold_of_one_keeps_only_the_exact_guard(store, minilm):
     assert [s[0] for s in plan(store, minilm, [first, near], threshold=1.0).slots] == ["new", "new"]
     vectors = np.stack([minilm.embed([first.details])[0]] * 2)
     exact = plan_duplicates(
-        [first, first.model_copy()], vectors, candidates=lambda kind, ts: [], vectors_of=minilm.embed,
-        threshold=1.0, same_session=True,
+        [first, first.model_copy()],
+        vectors,
+        candidates=lambda kind, ts: [],
+        vectors_of=minilm.embed,
+        threshold=1.0,
+        same_session=True,
     )
     assert exact.slots == [("new", 0), ("new", 0)]

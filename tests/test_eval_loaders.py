@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections import Counter
 import json
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -91,9 +91,7 @@ def test_dev_turns_keep_dia_ids_and_image_captions(locomo_dev, locomo_raw):
         for t in turns
         if t.get("blip_caption")
     )
-    captions_loaded = sum(
-        1 for c in locomo_dev.conversations for s in c.sessions for t in s.turns if t.image_caption
-    )
+    captions_loaded = sum(1 for c in locomo_dev.conversations for s in c.sessions for t in s.turns if t.image_caption)
     assert captions_loaded == captions_in_file
 
 
@@ -115,7 +113,12 @@ def test_dev_evidence_is_normalised_and_issues_are_counted(locomo_dev):
     assert "D11:26" in by_id["conv-43:qa18"].evidence  # "D:11:26"
     assert by_id["conv-49:qa31"].evidence == ["D9:1", "D4:4", "D4:6"]  # "D9:1 D4:4 D4:6"
     assert by_id["conv-42:qa88"].evidence == ["D1:18", "D1:20"]  # ["D1:18", "D", "D1:20"]
-    assert Counter(i.kind for i in locomo_dev.evidence_issues) == {"split": 4, "repaired": 1, "unresolvable": 1, "dangling": 2}
+    assert Counter(i.kind for i in locomo_dev.evidence_issues) == {
+        "split": 4,
+        "repaired": 1,
+        "unresolvable": 1,
+        "dangling": 2,
+    }
     # Every kept evidence id names a loaded turn of its conversation.
     for conversation in locomo_dev.conversations:
         turn_ids = {t.turn_id for s in conversation.sessions for t in s.turns}
@@ -218,27 +221,53 @@ def _set(obj, key, value):
 
 
 LOCOMO_MALFORMED = [
-    ("missing dia_id", _mutate(lambda s: s["conversation"]["session_1"][0].pop("dia_id")),
-     "sample 0 (conv-x) session_1 turn 0: field 'dia_id': Field required"),
-    ("text not a string", _mutate(lambda s: _set(s["conversation"]["session_10"][0], "text", 5)),
-     "sample 0 (conv-x) session_10 turn 0: field 'text'"),
-    ("duplicate dia_id", _mutate(lambda s: _set(s["conversation"]["session_10"][0], "dia_id", "D1:1")),
-     "session_10 turn 0: field 'dia_id': 'D1:1' already used in session_1"),
-    ("bad date", _mutate(lambda s: _set(s["conversation"], "session_1_date_time", "May 1st")),
-     "session_1: field 'conversation.session_1_date_time': date 'May 1st'"),
-    ("turns without date", _mutate(lambda s: s["conversation"].pop("session_10_date_time")),
-     "session_10: field 'conversation.session_10_date_time': missing"),
-    ("session not a list", _mutate(lambda s: _set(s["conversation"], "session_10", {"a": 1})),
-     "field 'conversation.session_10': expected a list of turns"),
-    ("missing speaker_b", _mutate(lambda s: s["conversation"].pop("speaker_b")),
-     "sample 0 (conv-x): field 'conversation.speaker_b'"),
+    (
+        "missing dia_id",
+        _mutate(lambda s: s["conversation"]["session_1"][0].pop("dia_id")),
+        "sample 0 (conv-x) session_1 turn 0: field 'dia_id': Field required",
+    ),
+    (
+        "text not a string",
+        _mutate(lambda s: _set(s["conversation"]["session_10"][0], "text", 5)),
+        "sample 0 (conv-x) session_10 turn 0: field 'text'",
+    ),
+    (
+        "duplicate dia_id",
+        _mutate(lambda s: _set(s["conversation"]["session_10"][0], "dia_id", "D1:1")),
+        "session_10 turn 0: field 'dia_id': 'D1:1' already used in session_1",
+    ),
+    (
+        "bad date",
+        _mutate(lambda s: _set(s["conversation"], "session_1_date_time", "May 1st")),
+        "session_1: field 'conversation.session_1_date_time': date 'May 1st'",
+    ),
+    (
+        "turns without date",
+        _mutate(lambda s: s["conversation"].pop("session_10_date_time")),
+        "session_10: field 'conversation.session_10_date_time': missing",
+    ),
+    (
+        "session not a list",
+        _mutate(lambda s: _set(s["conversation"], "session_10", {"a": 1})),
+        "field 'conversation.session_10': expected a list of turns",
+    ),
+    (
+        "missing speaker_b",
+        _mutate(lambda s: s["conversation"].pop("speaker_b")),
+        "sample 0 (conv-x): field 'conversation.speaker_b'",
+    ),
     ("missing sample_id", _mutate(lambda s: s.pop("sample_id")), "sample 0: field 'sample_id'"),
-    ("evidence not a list", _mutate(lambda s: _set(s["qa"][0], "evidence", "D1:1")),
-     "sample 0 (conv-x) qa 0: field 'evidence'"),
-    ("category out of range", _mutate(lambda s: _set(s["qa"][2], "category", 7)),
-     "qa 2: field 'category'"),
-    ("answer missing", _mutate(lambda s: s["qa"][0].pop("answer")),
-     "qa 0: field 'answer': missing for a category-4 question"),
+    (
+        "evidence not a list",
+        _mutate(lambda s: _set(s["qa"][0], "evidence", "D1:1")),
+        "sample 0 (conv-x) qa 0: field 'evidence'",
+    ),
+    ("category out of range", _mutate(lambda s: _set(s["qa"][2], "category", 7)), "qa 2: field 'category'"),
+    (
+        "answer missing",
+        _mutate(lambda s: s["qa"][0].pop("answer")),
+        "qa 0: field 'answer': missing for a category-4 question",
+    ),
     ("qa not a list", _mutate(lambda s: _set(s, "qa", None)), "sample 0 (conv-x): field 'qa'"),
     ("sample not an object", lambda: ["conv-x"], "sample 0: expected an object, got str"),
     ("duplicate sample", lambda: [locomo_sample(), locomo_sample()], "sample_id 'conv-x' appears twice"),
@@ -350,22 +379,46 @@ def _lme_mutation(fn):
 
 
 LONGMEMEVAL_MALFORMED_CASES = [
-    ("bad role", _lme_mutation(lambda d: _set(d[0]["haystack_sessions"][1][1], "role", "system")),
-     "instance 0 (e47becba) session 1 (answer_280352e9) turn 1: field 'role'"),
-    ("has_answer not bool", _lme_mutation(lambda d: _set(d[1]["haystack_sessions"][0][0], "has_answer", "yes")),
-     "instance 1 (6a1eabeb) session 0 (answer_8748f791_1) turn 0: field 'has_answer'"),
-    ("unknown question type", _lme_mutation(lambda d: _set(d[2], "question_type", "trivia")),
-     "instance 2 (gpt4_2f8be40d_abs): field 'question_type'"),
-    ("missing answer_session_ids", _lme_mutation(lambda d: d[3].pop("answer_session_ids")),
-     "instance 3 (0a995998): field 'answer_session_ids': Field required"),
-    ("haystack lengths differ", _lme_mutation(lambda d: d[1]["haystack_dates"].pop()),
-     "instance 1 (6a1eabeb): haystack lists differ in length"),
-    ("bad question date", _lme_mutation(lambda d: _set(d[0], "question_date", "2023-05-30")),
-     "instance 0 (e47becba): field 'question_date': date '2023-05-30'"),
-    ("bad session date", _lme_mutation(lambda d: _set(d[0]["haystack_dates"], 1, "2023/02/30 (Thu) 10:04")),
-     "session 1 (answer_280352e9): field 'haystack_dates.1': date '2023/02/30 (Thu) 10:04': day is out of range"),
-    ("duplicate question", _lme_mutation(lambda d: d.append(copy.deepcopy(d[0]))),
-     "instance 4 (e47becba): namespace 'e47becba' already used by question 'e47becba'"),
+    (
+        "bad role",
+        _lme_mutation(lambda d: _set(d[0]["haystack_sessions"][1][1], "role", "system")),
+        "instance 0 (e47becba) session 1 (answer_280352e9) turn 1: field 'role'",
+    ),
+    (
+        "has_answer not bool",
+        _lme_mutation(lambda d: _set(d[1]["haystack_sessions"][0][0], "has_answer", "yes")),
+        "instance 1 (6a1eabeb) session 0 (answer_8748f791_1) turn 0: field 'has_answer'",
+    ),
+    (
+        "unknown question type",
+        _lme_mutation(lambda d: _set(d[2], "question_type", "trivia")),
+        "instance 2 (gpt4_2f8be40d_abs): field 'question_type'",
+    ),
+    (
+        "missing answer_session_ids",
+        _lme_mutation(lambda d: d[3].pop("answer_session_ids")),
+        "instance 3 (0a995998): field 'answer_session_ids': Field required",
+    ),
+    (
+        "haystack lengths differ",
+        _lme_mutation(lambda d: d[1]["haystack_dates"].pop()),
+        "instance 1 (6a1eabeb): haystack lists differ in length",
+    ),
+    (
+        "bad question date",
+        _lme_mutation(lambda d: _set(d[0], "question_date", "2023-05-30")),
+        "instance 0 (e47becba): field 'question_date': date '2023-05-30'",
+    ),
+    (
+        "bad session date",
+        _lme_mutation(lambda d: _set(d[0]["haystack_dates"], 1, "2023/02/30 (Thu) 10:04")),
+        "session 1 (answer_280352e9): field 'haystack_dates.1': date '2023/02/30 (Thu) 10:04': day is out of range",
+    ),
+    (
+        "duplicate question",
+        _lme_mutation(lambda d: d.append(copy.deepcopy(d[0]))),
+        "instance 4 (e47becba): namespace 'e47becba' already used by question 'e47becba'",
+    ),
     ("top level object", lambda: {"instances": []}, "top level must be a JSON list"),
 ]
 

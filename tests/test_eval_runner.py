@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from hybridmem_local.config import Config, load_config
-from hybridmem_local.eval.report import build_summary, write_report
 from hybridmem_local.eval.options import RunOptions, system_runs
+from hybridmem_local.eval.report import build_summary, write_report
 from hybridmem_local.eval.systems import (
     EvalConversation,
     EvalQuestion,
@@ -48,11 +48,17 @@ def test_k_and_mcs_sweeps_label_variants_and_keep_the_configs_own_values_plain(t
     )
     runs = {run.label: run for run in system_runs(options, config)}
     # --mcs brings hybrid+consolidation in; rag has no k to sweep; k=10 and mcs=10 are the config's.
-    assert sorted(runs) == sorted([
-        "hybrid@k5", "hybrid", "rag",
-        "hybrid+consolidation@mcs2@k5", "hybrid+consolidation@mcs2",
-        "hybrid+consolidation@k5", "hybrid+consolidation",
-    ])
+    assert sorted(runs) == sorted(
+        [
+            "hybrid@k5",
+            "hybrid",
+            "rag",
+            "hybrid+consolidation@mcs2@k5",
+            "hybrid+consolidation@mcs2",
+            "hybrid+consolidation@k5",
+            "hybrid+consolidation",
+        ]
+    )
     assert (runs["hybrid+consolidation@mcs2@k5"].k, runs["hybrid+consolidation@mcs2@k5"].mcs) == (5, 2)
     assert runs["rag"].k == config.retrieval.k and runs["rag"].mcs is None
     # Swept budgets are also reported as recall@k.
@@ -119,7 +125,7 @@ def test_full_context_keeps_the_most_recent_turns_that_fit():
     kept = context.turn_ids
     assert context.truncated and context.tokens <= limit
     assert 0 < len(kept) < len(all_turns)
-    assert kept == all_turns[-len(kept):]  # a suffix: the newest turns, in order
+    assert kept == all_turns[-len(kept) :]  # a suffix: the newest turns, in order
     assert context.text.startswith(FullContextSystem.OMITTED)
     # The first kept turn's session still has its date header.
     first_session = next(s for s in conversation.sessions if kept[0] in {t.turn_id for t in s.turns})
@@ -138,13 +144,33 @@ def test_full_context_keeps_the_most_recent_turns_that_fit():
 
 def _search_result(n_episodes: int, n_tuples: int) -> SearchResult:
     episodes = [
-        Hit(memory=Episode(id=i, namespace="ns", title=f"e{i}", summary="s", details=f"d{i}", timestamp="2023-05-01",
-                           source_turn_ids=[f"e{i}"]), score=1 - i / 100)
+        Hit(
+            memory=Episode(
+                id=i,
+                namespace="ns",
+                title=f"e{i}",
+                summary="s",
+                details=f"d{i}",
+                timestamp="2023-05-01",
+                source_turn_ids=[f"e{i}"],
+            ),
+            score=1 - i / 100,
+        )
         for i in range(n_episodes)
     ]
     tuples = [
-        Hit(memory=RelationalTuple(id=100 + i, namespace="ns", entity="A", relation="r", object=f"o{i}",
-                                   timestamp="2023-05-01", source_turn_ids=[f"t{i}"]), score=1 - i / 100)
+        Hit(
+            memory=RelationalTuple(
+                id=100 + i,
+                namespace="ns",
+                entity="A",
+                relation="r",
+                object=f"o{i}",
+                timestamp="2023-05-01",
+                source_turn_ids=[f"t{i}"],
+            ),
+            score=1 - i / 100,
+        )
         for i in range(n_tuples)
     ]
     return SearchResult(query="q", namespace="ns", episodes=episodes, tuples=tuples)
@@ -166,18 +192,36 @@ def test_items_at_k_are_the_top_k_episodes_and_top_2k_tuples():
 
 def _record(system: str, question_id: str, category: str, correct: bool | None, recall: bool, tokens: int) -> dict:
     return {
-        "system": system, "system_name": system.split("@")[0], "question_id": question_id, "category": category,
-        "context_tokens": tokens, "prompt_tokens": tokens + 100, "answer_s": 1.0, "retrieval_s": 0.01,
-        "answer_error": None, "judge_error": None if correct is not None else "bad reply", "context_truncated": False,
-        "metrics": {"judge_correct": correct, "f1_official": 0.5, "f1": 0.25, "bleu1": 0.1, "evidence_recall": recall,
-                    "evidence_recall@2": recall, "session_recall@2": None},
+        "system": system,
+        "system_name": system.split("@")[0],
+        "question_id": question_id,
+        "category": category,
+        "context_tokens": tokens,
+        "prompt_tokens": tokens + 100,
+        "answer_s": 1.0,
+        "retrieval_s": 0.01,
+        "answer_error": None,
+        "judge_error": None if correct is not None else "bad reply",
+        "context_truncated": False,
+        "metrics": {
+            "judge_correct": correct,
+            "f1_official": 0.5,
+            "f1": 0.25,
+            "bleu1": 0.1,
+            "evidence_recall": recall,
+            "evidence_recall@2": recall,
+            "session_recall@2": None,
+        },
     }
 
 
 def test_summary_aggregates_per_system_and_category_and_draws_sweeps(tmp_path):
     records = []
-    for system, accuracy in (("hybrid", [True, True, False, None]), ("hybrid@k2", [True, False, False, False]),
-                             ("hybrid+consolidation@mcs5", [True, True, True, False])):
+    for system, accuracy in (
+        ("hybrid", [True, True, False, None]),
+        ("hybrid@k2", [True, False, False, False]),
+        ("hybrid+consolidation@mcs5", [True, True, True, False]),
+    ):
         for i, correct in enumerate(accuracy):
             records.append(_record(system, f"q{i}", ["single-hop", "temporal"][i % 2], correct, i < 2, 100 * (i + 1)))
     runs = [
@@ -186,13 +230,35 @@ def test_summary_aggregates_per_system_and_category_and_draws_sweeps(tmp_path):
         {"label": "hybrid+consolidation@mcs5", "system": "hybrid+consolidation", "k": 10, "mcs": 5},
     ]
     summary = build_summary(
-        records=records, runs=runs, benchmark="locomo", recall_ks=[2], retrieval_only=False, cost={"phases": {}, "invocations": 1},
-        counts={"conversations": 1, "questions": 4, "sessions": 2}, options={},
-        consolidation={"mcs5": [{"conversation_id": "c", "mcs": 5, "memories_before": 40, "memories_after": 30,
-                                 "clusters": 3, "llm_requests": 3, "merges": 4, "deletions": 2}]},
+        records=records,
+        runs=runs,
+        benchmark="locomo",
+        recall_ks=[2],
+        retrieval_only=False,
+        cost={"phases": {}, "invocations": 1},
+        counts={"conversations": 1, "questions": 4, "sessions": 2},
+        options={},
+        consolidation={
+            "mcs5": [
+                {
+                    "conversation_id": "c",
+                    "mcs": 5,
+                    "memories_before": 40,
+                    "memories_after": 30,
+                    "clusters": 3,
+                    "llm_requests": 3,
+                    "merges": 4,
+                    "deletions": 2,
+                }
+            ]
+        },
     )
     hybrid = summary["systems"]["hybrid"]
-    judged = [r["metrics"]["judge_correct"] for r in records if r["system"] == "hybrid" and r["metrics"]["judge_correct"] is not None]
+    judged = [
+        r["metrics"]["judge_correct"]
+        for r in records
+        if r["system"] == "hybrid" and r["metrics"]["judge_correct"] is not None
+    ]
     assert hybrid["overall"]["judge_accuracy"] == pytest.approx(sum(judged) / len(judged))
     assert hybrid["overall"]["n"] == 4 and hybrid["overall"]["judged"] == 3 and hybrid["overall"]["judge_failures"] == 1
     temporal = [r for r in records if r["system"] == "hybrid" and r["category"] == "temporal"]
@@ -209,8 +275,15 @@ def test_summary_aggregates_per_system_and_category_and_draws_sweeps(tmp_path):
     summary["judge_audit"] = {"judged": 8, "accepted": 2, "false_accept_rate": 0.25, "ci95": [0.0, 0.5]}
 
     written = {p.name for p in write_report(tmp_path, summary)}
-    assert {"summary.json", "summary.md", "summary.csv", "scores_by_category.png", "recall_at_k.png",
-            "k_sweep.png", "compression_vs_accuracy.png"} <= written
+    assert {
+        "summary.json",
+        "summary.md",
+        "summary.csv",
+        "scores_by_category.png",
+        "recall_at_k.png",
+        "k_sweep.png",
+        "compression_vs_accuracy.png",
+    } <= written
     with open(tmp_path / "summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert {(r["system"], r["category"]) for r in rows} == {
@@ -222,7 +295,9 @@ def test_summary_aggregates_per_system_and_category_and_draws_sweeps(tmp_path):
     assert f"| hybrid | 66.7 ({low:.1f}–{high:.1f}) |" in markdown
     assert "judge false-accept rate: 25.0% (0.0–50.0) of 8 planted wrong answers" in markdown
     overall_row = next(r for r in rows if (r["system"], r["category"]) == ("hybrid", "overall"))
-    assert float(overall_row["judge_accuracy_ci95_low"]) == pytest.approx(hybrid["overall"]["ci95"]["judge_accuracy"][0])
+    assert float(overall_row["judge_accuracy_ci95_low"]) == pytest.approx(
+        hybrid["overall"]["ci95"]["judge_accuracy"][0]
+    )
     assert json.loads((tmp_path / "summary.json").read_text())["systems"]["hybrid@k2"]["k"] == 2
 
 
@@ -252,8 +327,14 @@ def _cache_rows(path: Path) -> int:
 
 def _options(locomo_path: Path, out: Path, **overrides) -> RunOptions:
     values = dict(
-        benchmark="locomo", data=locomo_path, out=out, systems=E2E_SYSTEMS.split(","), conversations=["conv-26"],
-        limit=3, max_sessions=1, batch_size=8,
+        benchmark="locomo",
+        data=locomo_path,
+        out=out,
+        systems=E2E_SYSTEMS.split(","),
+        conversations=["conv-26"],
+        limit=3,
+        max_sessions=1,
+        batch_size=8,
     )
     return RunOptions(**{**values, **overrides})
 
@@ -266,10 +347,29 @@ def first_run(tmp_path_factory, e2e_config, locomo_path):
     from hybridmem_local.cli import app
 
     out = tmp_path_factory.mktemp("eval") / "run"
-    result = CliRunner().invoke(app, [
-        "eval", "locomo", "--data", str(locomo_path), "--config", str(e2e_config), "--conversations", "conv-26",
-        "--limit", "3", "--max-sessions", "1", "--systems", E2E_SYSTEMS, "--batch-size", "8", "--out", str(out),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "locomo",
+            "--data",
+            str(locomo_path),
+            "--config",
+            str(e2e_config),
+            "--conversations",
+            "conv-26",
+            "--limit",
+            "3",
+            "--max-sessions",
+            "1",
+            "--systems",
+            E2E_SYSTEMS,
+            "--batch-size",
+            "8",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -312,8 +412,15 @@ def test_a_run_writes_predictions_summary_plots_and_manifest(first_run, e2e_conf
         judged = [r["metrics"]["judge_correct"] for r in mine if r["metrics"]["judge_correct"] is not None]
         assert overall["n"] == 3
         assert overall["judge_accuracy"] == (pytest.approx(sum(judged) / len(judged)) if judged else None)
-        for key in ("f1_official", "f1", "bleu1", "evidence_recall", "evidence_recall@10", "context_tokens_mean",
-                    "prompt_tokens_mean"):
+        for key in (
+            "f1_official",
+            "f1",
+            "bleu1",
+            "evidence_recall",
+            "evidence_recall@10",
+            "context_tokens_mean",
+            "prompt_tokens_mean",
+        ):
             assert key in overall
         assert set(summary["systems"][label]["by_category"]) == {r["category"] for r in mine}
     assert summary["systems"]["full-context"]["overall"]["evidence_recall@10"] is None  # nothing is ranked
@@ -378,8 +485,10 @@ def test_a_second_run_asks_the_model_nothing(first_run, e2e_config, locomo_path)
         assert judging.model_calls == failed_judgements
     assert rows <= _cache_rows(cache) <= rows + replay.model_calls
     before = {(r["system"], r["question_id"]): r["prediction"] for r in first if r["answer_error"] is None}
-    after = {(r["system"], r["question_id"]): r["prediction"]
-             for r in map(json.loads, (first_run / "predictions.jsonl").read_text().splitlines())}
+    after = {
+        (r["system"], r["question_id"]): r["prediction"]
+        for r in map(json.loads, (first_run / "predictions.jsonl").read_text().splitlines())
+    }
     assert {key: after[key] for key in before} == before
 
 
@@ -430,6 +539,7 @@ def test_the_answering_switches_flow_into_the_records(first_run, e2e_config, loc
 
 def _longmemeval_file(path: Path) -> Path:
     """Two instances in the official format; the answer of the first is in its second session."""
+
     def session(topic: str, answer: bool = False) -> list[dict]:
         return [
             {"role": "user", "content": f"Let me tell you about {topic}.", "has_answer": answer},
@@ -438,19 +548,30 @@ def _longmemeval_file(path: Path) -> Path:
 
     instances = [
         {
-            "question_id": "q-bike", "question_type": "single-session-user", "question": "What colour is my bike?",
-            "answer": "red", "question_date": "2023/06/01 (Thu) 10:00",
+            "question_id": "q-bike",
+            "question_type": "single-session-user",
+            "question": "What colour is my bike?",
+            "answer": "red",
+            "question_date": "2023/06/01 (Thu) 10:00",
             "haystack_session_ids": ["s-garden", "s-bike", "s-cook"],
             "haystack_dates": ["2023/05/01 (Mon) 09:00", "2023/05/08 (Mon) 09:00", "2023/05/15 (Mon) 09:00"],
-            "haystack_sessions": [session("my garden and its tomatoes"), session("my new red bike", answer=True),
-                                  session("cooking pasta on Sundays")],
+            "haystack_sessions": [
+                session("my garden and its tomatoes"),
+                session("my new red bike", answer=True),
+                session("cooking pasta on Sundays"),
+            ],
             "answer_session_ids": ["s-bike"],
         },
         {
-            "question_id": "q-dog_abs", "question_type": "multi-session", "question": "What is my cat called?",
-            "answer": "You never mentioned a cat.", "question_date": "2023/06/01 (Thu) 10:00",
-            "haystack_session_ids": ["s-dog"], "haystack_dates": ["2023/05/01 (Mon) 09:00"],
-            "haystack_sessions": [session("my dog Rex")], "answer_session_ids": [],
+            "question_id": "q-dog_abs",
+            "question_type": "multi-session",
+            "question": "What is my cat called?",
+            "answer": "You never mentioned a cat.",
+            "question_date": "2023/06/01 (Thu) 10:00",
+            "haystack_session_ids": ["s-dog"],
+            "haystack_dates": ["2023/05/01 (Mon) 09:00"],
+            "haystack_sessions": [session("my dog Rex")],
+            "answer_session_ids": [],
         },
     ]
     path.write_text(json.dumps(instances))
@@ -462,12 +583,20 @@ def test_longmemeval_retrieval_only_reports_session_recall(e2e_config, tmp_path)
     from hybridmem_local.eval.runner import run_evaluation
 
     data = _longmemeval_file(tmp_path / "lme.json")
-    options = RunOptions(benchmark="longmemeval", data=data, out=tmp_path / "out", systems=["rag", "full-context"],
-                         retrieval_only=True, recall_ks=[1, 2])
+    options = RunOptions(
+        benchmark="longmemeval",
+        data=data,
+        out=tmp_path / "out",
+        systems=["rag", "full-context"],
+        retrieval_only=True,
+        recall_ks=[1, 2],
+    )
     result = run_evaluation(options, load_config(e2e_config))
     assert result.model_calls == 0
-    records = {(r["system"], r["question_id"]): r
-               for r in map(json.loads, (tmp_path / "out" / "predictions.jsonl").read_text().splitlines())}
+    records = {
+        (r["system"], r["question_id"]): r
+        for r in map(json.loads, (tmp_path / "out" / "predictions.jsonl").read_text().splitlines())
+    }
     assert len(records) == 4
     bike = records[("rag", "q-bike")]
     ranked_sessions = list(dict.fromkeys(t.rsplit(":", 1)[0] for item in bike["retrieved"] for t in item["turn_ids"]))

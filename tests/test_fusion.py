@@ -45,7 +45,10 @@ def test_empty_lexical_ranking_keeps_the_dense_order():
 
 
 def test_zero_weight_ignores_a_ranking_and_bad_weights_are_refused():
-    assert [i for i, _ in reciprocal_rank_fusion({"dense": [1, 2], "lexical": [3, 2]}, weights={"lexical": 0})] == [1, 2]
+    assert [i for i, _ in reciprocal_rank_fusion({"dense": [1, 2], "lexical": [3, 2]}, weights={"lexical": 0})] == [
+        1,
+        2,
+    ]
     with pytest.raises(ValueError, match="non-negative"):
         reciprocal_rank_fusion({"dense": [1]}, weights={"dense": -1})
     with pytest.raises(ValueError, match="not given"):
@@ -88,8 +91,11 @@ QUERY = "Which dog did Margaret adopt from the shelter last spring?"
 def _fillers(n: int):
     rng = random.Random(0)
     return [
-        make_tuple(rng.choice(PEOPLE), rng.choice(["bought", "sold", "painted", "lent"]),
-                   f"a {rng.choice(THINGS)} in {rng.choice(CITIES)}")
+        make_tuple(
+            rng.choice(PEOPLE),
+            rng.choice(["bought", "sold", "painted", "lent"]),
+            f"a {rng.choice(THINGS)} in {rng.choice(CITIES)}",
+        )
         for _ in range(n)
     ]
 
@@ -124,7 +130,10 @@ def test_search_ranks_every_store_as_its_indexes_do_one_by_one(memory):
     # the fusion of each store's two rankings, made here one after the other.
     memory.add_memories(
         "alice",
-        episodes=[make_episode(f"Trip {i}", f"{p} flew to {c} with a {t}.") for i, (p, c, t) in enumerate(zip(PEOPLE, CITIES, THINGS))],
+        episodes=[
+            make_episode(f"Trip {i}", f"{p} flew to {c} with a {t}.")
+            for i, (p, c, t) in enumerate(zip(PEOPLE, CITIES, THINGS, strict=True))
+        ],
         tuples=[make_tuple("Margaret", "adopted", "a greyhound from the shelter"), *_fillers(30)],
     )
     memory.ingest([make_session("alice", i, n_turns=6) for i in range(3)], curate=False)

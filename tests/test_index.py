@@ -29,8 +29,11 @@ def test_a_save_removes_old_orphans_and_keeps_fresh_ones(tmp_path):
     index, ids, vectors = _index(tmp_path)
     index.save()
     # Left by a crashed save an hour ago, and by a save that may be in progress now.
-    old = [tmp_path / "episode.0123456789ab.hnsw", tmp_path / "episode.0123456789ab.labels.npy",
-           tmp_path / "episode.manifest.0123456789ab.tmp"]
+    old = [
+        tmp_path / "episode.0123456789ab.hnsw",
+        tmp_path / "episode.0123456789ab.labels.npy",
+        tmp_path / "episode.manifest.0123456789ab.tmp",
+    ]
     fresh = tmp_path / "episode.ba9876543210.hnsw"
     for path in [*old, fresh]:
         path.write_bytes(b"partial")

@@ -26,7 +26,11 @@ def test_locomo_dev_file_round_trips_through_the_store(tmp_path, locomo_path):
     first = raw[0]["conversation"]
     turn = first["session_1"][0]
     stored_turn = sessions[0].turns[0]
-    assert (stored_turn.turn_id, stored_turn.speaker, stored_turn.text) == (turn["dia_id"], turn["speaker"], turn["text"])
+    assert (stored_turn.turn_id, stored_turn.speaker, stored_turn.text) == (
+        turn["dia_id"],
+        turn["speaker"],
+        turn["text"],
+    )
 
 
 def test_locomo_namespace_and_conversation_selection(locomo_path):
@@ -46,7 +50,11 @@ def _write(tmp_path, text: str | bytes):
     return path
 
 
-GOOD = {"session_id": "s1", "started_at": "2023-05-08T13:56:00+00:00", "turns": [{"turn_id": "s1:0", "speaker": "A", "text": "hi"}]}
+GOOD = {
+    "session_id": "s1",
+    "started_at": "2023-05-08T13:56:00+00:00",
+    "turns": [{"turn_id": "s1:0", "speaker": "A", "text": "hi"}],
+}
 
 
 @pytest.mark.parametrize(
@@ -59,7 +67,10 @@ GOOD = {"session_id": "s1", "started_at": "2023-05-08T13:56:00+00:00", "turns": 
         (json.dumps({k: v for k, v in GOOD.items() if k != "started_at"}), "field started_at"),
         (json.dumps({**GOOD, "started_at": "2023-05-08T13:56:00"}), "field started_at"),
         (json.dumps({**GOOD, "turns": [{"turn_id": "t", "speaker": "A", "text": 5}]}), "field turns.0.text"),
-        (json.dumps({**GOOD, "turns": [{"turn_id": "t", "speaker": "A", "text": "x" * 1_000_001}]}), "field turns.0.text"),
+        (
+            json.dumps({**GOOD, "turns": [{"turn_id": "t", "speaker": "A", "text": "x" * 1_000_001}]}),
+            "field turns.0.text",
+        ),
         (json.dumps({**GOOD, "namespace": "../etc"}), "invalid namespace"),
         (json.dumps(GOOD) + "\n" + json.dumps(GOOD), "line 2: session 's1' appears twice"),
         (json.dumps({**GOOD, "extra": 1}), "field extra"),
@@ -78,7 +89,10 @@ def test_bad_file_leaves_earlier_data_intact(tmp_path):
     with HybridMemory.open(tmp_path / "m.db") as memory:
         memory.ingest(read_sessions_jsonl(good), curate=False)
         bad = tmp_path / "bad.jsonl"
-        bad.write_text(json.dumps({**GOOD, "session_id": "s2", "turns": [{"turn_id": "s2:0", "speaker": "A", "text": "ok"}]}) + "\n{broken\n")
+        bad.write_text(
+            json.dumps({**GOOD, "session_id": "s2", "turns": [{"turn_id": "s2:0", "speaker": "A", "text": "ok"}]})
+            + "\n{broken\n"
+        )
         with pytest.raises(InputFileError):
             memory.ingest(read_sessions_jsonl(bad), curate=False)
         assert [r.session.session_id for r in memory.store.iter_sessions()] == ["s1"]

@@ -47,8 +47,9 @@ def test_longmemeval_request_per_question_type(question_type, version, rule):
 
 
 def test_longmemeval_abstention_overrides_the_type():
-    request = build_judge_request("Q?", "You never mentioned a cello.", "I don't know.", "longmemeval",
-                                  "temporal-reasoning", abstention=True)
+    request = build_judge_request(
+        "Q?", "You never mentioned a cello.", "I don't know.", "longmemeval", "temporal-reasoning", abstention=True
+    )
     assert request.prompt_version == "judge-longmemeval-abstention/v1"
     assert "Explanation: You never mentioned a cello." in request.messages[-1].content
 

@@ -14,27 +14,40 @@ from hybridmem_local.schema import Session, Turn
 WHEN = datetime(2023, 5, 8, tzinfo=timezone.utc)
 
 
-def _conversation(conversation_id: str, people: tuple[str, str], questions: list[tuple[str, str, str]]) -> EvalConversation:
+def _conversation(
+    conversation_id: str, people: tuple[str, str], questions: list[tuple[str, str, str]]
+) -> EvalConversation:
     turns = [Turn(turn_id=f"{conversation_id}:D1:{i}", speaker=people[i % 2], text=f"turn {i}") for i in range(4)]
     session = Session(session_id=f"{conversation_id}:s1", namespace=conversation_id, started_at=WHEN, turns=turns)
     return EvalConversation(
-        conversation_id=conversation_id, namespace=conversation_id, sessions=[session],
+        conversation_id=conversation_id,
+        namespace=conversation_id,
+        sessions=[session],
         questions=[
-            EvalQuestion(question_id=f"{conversation_id}:q{i}", question=text, gold=gold, category=category,
-                         category_number=5 if category == "adversarial" else 1)
+            EvalQuestion(
+                question_id=f"{conversation_id}:q{i}",
+                question=text,
+                gold=gold,
+                category=category,
+                category_number=5 if category == "adversarial" else 1,
+            )
             for i, (text, gold, category) in enumerate(questions)
         ],
     )
 
 
-CAROLINE_MELANIE = _conversation("c1", ("Caroline", "Melanie"), [
-    ("What did Caroline research?", "adoption agencies", "single-hop"),
-    ("When did Caroline go to the support group?", "7 May 2023", "temporal"),
-    ("What is Caroline's identity?", "transgender woman", "single-hop"),
-    ("What did Melanie paint?", "a lake sunrise", "single-hop"),
-    ("When did Melanie run a charity race?", "the Sunday before 25 May 2023", "temporal"),
-    ("What would Caroline never do?", "give up", "adversarial"),
-])
+CAROLINE_MELANIE = _conversation(
+    "c1",
+    ("Caroline", "Melanie"),
+    [
+        ("What did Caroline research?", "adoption agencies", "single-hop"),
+        ("When did Caroline go to the support group?", "7 May 2023", "temporal"),
+        ("What is Caroline's identity?", "transgender woman", "single-hop"),
+        ("What did Melanie paint?", "a lake sunrise", "single-hop"),
+        ("When did Melanie run a charity race?", "the Sunday before 25 May 2023", "temporal"),
+        ("What would Caroline never do?", "give up", "adversarial"),
+    ],
+)
 
 
 def test_planted_answers_are_other_questions_gold_about_the_same_person_and_share_no_token():

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from hybridmem_local.lexical import LexicalManifest, LexicalIndex, memory_text, tokenize
+from hybridmem_local.lexical import LexicalIndex, LexicalManifest, memory_text, tokenize
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Episode, MemoryStatus, RelationalTuple
 from tests.factories import make_episode, make_tuple
@@ -112,7 +112,11 @@ def test_saved_index_loads_without_rebuild_and_is_private(tmp_path):
     index.save()
     files = index.files()
     assert len(builds(index)) == 1 and (tmp_path / "ns" / "tuple.bm25.json") in files
-    assert {p.name.split(".", 3)[3] for p in files if p.name != "tuple.bm25.json"} >= {"labels.npy", "vocab.json", "data.npy"}
+    assert {p.name.split(".", 3)[3] for p in files if p.name != "tuple.bm25.json"} >= {
+        "labels.npy",
+        "vocab.json",
+        "data.npy",
+    }
     assert stat.S_IMODE((tmp_path / "ns").stat().st_mode) == 0o700
     for path in files:
         assert path.is_file() and stat.S_IMODE(path.stat().st_mode) == 0o600, path
@@ -192,7 +196,9 @@ def lexical_memory(tmp_path, minilm):
 
 def test_deleted_memory_leaves_the_lexical_index(lexical_memory):
     mem = lexical_memory
-    ids = mem.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Paris"), make_tuple("Alice", "lives in", "Rome")])
+    ids = mem.add_memories(
+        "alice", tuples=[make_tuple("Alice", "lives in", "Paris"), make_tuple("Alice", "lives in", "Rome")]
+    )
     assert {m.id for m in mem.search("Where does Alice live?", namespace="alice").memories()} == set(ids)
     mem.delete(ids[0], reason="moved")
     assert [m.id for m in mem.search("Where does Alice live?", namespace="alice").memories()] == [ids[1]]
@@ -237,7 +243,10 @@ def test_namespaces_never_see_each_other_lexically(lexical_memory, seed):
     owned: dict[str, set[int]] = {"a": set(), "b": set()}
     for round_ in range(5):
         ns = rng.choice(["a", "b"])
-        drafts = [make_tuple(rng.choice(["Ann", "Ben"]), "has", f"a {rng.choice(words)} {round_}") for _ in range(rng.randint(1, 6))]
+        drafts = [
+            make_tuple(rng.choice(["Ann", "Ben"]), "has", f"a {rng.choice(words)} {round_}")
+            for _ in range(rng.randint(1, 6))
+        ]
         owned[ns].update(mem.add_memories(ns, tuples=drafts))
         for query_ns in ("a", "b"):
             query = " ".join(rng.sample(words, 4)) + " Ann Ben"

@@ -9,8 +9,8 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 from pydantic import BaseModel, Field
@@ -54,8 +54,12 @@ def tiny_llm(tiny_folder):
 
 def batch(n: int, tag: str | None = None) -> list[LLMRequest]:
     return [
-        LLMRequest(messages=[ChatMessage(role="user", content=f"session {i}")], output_schema=Note,
-                   prompt_version="curation/v1", tag=tag)
+        LLMRequest(
+            messages=[ChatMessage(role="user", content=f"session {i}")],
+            output_schema=Note,
+            prompt_version="curation/v1",
+            tag=tag,
+        )
         for i in range(n)
     ]
 
@@ -161,7 +165,9 @@ def test_run_killed_half_way_resumes_with_identical_results(tiny_llm, tiny_folde
     path = tmp_path / "cache.sqlite"
     killed = subprocess.run(
         [sys.executable, "-c", KILLED_RUN, str(REPO), str(tiny_folder), str(path), str(done_before_kill), str(total)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     with sqlite3.connect(path) as db:

@@ -46,14 +46,22 @@ def test_constrained_request_returns_a_valid_instance(smollm2):
     assert result.prompt_tokens > smollm2.count_tokens(FACT_REQUEST.messages[1].content)
     assert 0 < result.completion_tokens <= 96
     assert 0 < result.latency_s <= elapsed
-    print(f"SmolLM2 llama.cpp constrained call: {result.latency_s:.2f} s, "
-          f"{result.prompt_tokens} prompt + {result.completion_tokens} completion tokens")
+    print(
+        f"SmolLM2 llama.cpp constrained call: {result.latency_s:.2f} s, "
+        f"{result.prompt_tokens} prompt + {result.completion_tokens} completion tokens"
+    )
 
 
 def test_greedy_decoding_is_repeatable_and_text_mode_answers(smollm2):
-    first, text = smollm2.generate([FACT_REQUEST, LLMRequest(
-        messages=[ChatMessage(role="user", content="What is the capital of France? One word.")], max_new_tokens=8,
-    )])
+    first, text = smollm2.generate(
+        [
+            FACT_REQUEST,
+            LLMRequest(
+                messages=[ChatMessage(role="user", content="What is the capital of France? One word.")],
+                max_new_tokens=8,
+            ),
+        ]
+    )
     [again] = smollm2.generate([FACT_REQUEST])
     assert first.text == again.text
     assert text.ok and text.parsed is None and "Paris" in text.text

@@ -28,9 +28,11 @@ GOOD = '{"entity": "Caroline", "year": 2023}'
 def scripted(script: dict[str, list[Action]]):
     """A responder: ``script[case]`` lists the action for attempt 1, 2, … (the last repeats);
     the case is the request's first message."""
+
     def respond(body: dict, attempt: int) -> Action:
         steps = script[body["messages"][0]["content"]]
         return steps[min(attempt, len(steps)) - 1]
+
     return respond
 
 
@@ -66,8 +68,9 @@ def ask(case: str, schema=Fact, **fields) -> LLMRequest:
 
 def test_batch_is_sent_concurrently_with_schema_and_thinking_switch(serve):
     cases = [f"batch-{i}" for i in range(4)]
-    server = serve({case: [Barrier(f'{{"entity": "{case}", "year": {i}}}')] for i, case in enumerate(cases)},
-                   batch_size=len(cases))
+    server = serve(
+        {case: [Barrier(f'{{"entity": "{case}", "year": {i}}}')] for i, case in enumerate(cases)}, batch_size=len(cases)
+    )
     results = client(server, max_retries=0).generate([ask(case) for case in cases])
 
     # The barrier only opens when all four requests are in flight at once.

@@ -54,7 +54,9 @@ def test_retries_stop_at_the_bound_and_keep_good_results_in_place():
         out = []
         for r in batch:
             attempt = (len(r.messages) - 1) // 2
-            out.append(Completion(text=replies[int(r.messages[0].content)][attempt], prompt_tokens=5, completion_tokens=1))
+            out.append(
+                Completion(text=replies[int(r.messages[0].content)][attempt], prompt_tokens=5, completion_tokens=1)
+            )
         return out
 
     requests = [LLMRequest(messages=[ChatMessage(role="user", content=str(i))], output_schema=Fact) for i in range(3)]
@@ -100,8 +102,11 @@ class Memories(BaseModel):
     tuples: list[Memory]
 
 
-FULL = ('{"episodes": [{"text": "ran a 10K", "turn_ids": ["s1:1"]}, {"text": "adopted Biscuit", "turn_ids": ["s1:4", "s1:5"]}],'
-        ' "tuples": [{"text": "Bob ran", "turn_ids": ["s1:1"]}]}')
+FULL = (
+    '{"episodes": [{"text": "ran a 10K", "turn_ids": ["s1:1"]}, '
+    '{"text": "adopted Biscuit", "turn_ids": ["s1:4", "s1:5"]}],'
+    ' "tuples": [{"text": "Bob ran", "turn_ids": ["s1:1"]}]}'
+)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +119,11 @@ FULL = ('{"episodes": [{"text": "ran a 10K", "turn_ids": ["s1:1"]}, {"text": "ad
     ],
 )
 def test_salvage_keeps_the_complete_items_of_a_cut_off_reply(cut_after, episodes, tuples):
-    end = FULL.rindex(cut_after) + len(cut_after) if cut_after.startswith('"turn_ids"') else FULL.index(cut_after) + len(cut_after)
+    end = (
+        FULL.rindex(cut_after) + len(cut_after)
+        if cut_after.startswith('"turn_ids"')
+        else FULL.index(cut_after) + len(cut_after)
+    )
     saved = salvage(FULL[:end], Memories)
     assert saved is not None
     parsed, text = saved
@@ -129,7 +138,7 @@ def test_salvage_keeps_an_item_whose_last_list_was_cut_and_gives_up_on_nothing_c
     assert parsed.episodes == [Memory(text="ran a 10K", turn_ids=["s1:1"])]
     # before any list began there is nothing to keep; the required lists must exist
     assert salvage('{"episo', Memories) is None
-    assert salvage('not json at all', Memories) is None
+    assert salvage("not json at all", Memories) is None
     assert salvage('{"episodes": [], "tuples": [{"te', Memories) is None  # nothing complete: a failure
 
 

@@ -101,20 +101,44 @@ class FakeLLM:
 
     instances: list[FakeLLM] = []
 
-    def __init__(self, model: str, *, tensor_parallel_size: int = 1, seed: int = 0,
-                 gpu_memory_utilization: float = 0.92, **kwargs: Any):
-        self.init_args = {"model": model, "tensor_parallel_size": tensor_parallel_size, "seed": seed,
-                          "gpu_memory_utilization": gpu_memory_utilization, **kwargs}
+    def __init__(
+        self,
+        model: str,
+        *,
+        tensor_parallel_size: int = 1,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.92,
+        **kwargs: Any,
+    ):
+        self.init_args = {
+            "model": model,
+            "tensor_parallel_size": tensor_parallel_size,
+            "seed": seed,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            **kwargs,
+        }
         self.calls: list[ChatCall] = []
         FakeLLM.instances.append(self)
 
     def get_tokenizer(self):
         return FakeTokenizer()
 
-    def chat(self, messages, sampling_params=None, use_tqdm=True, lora_request=None, priority=None,
-             chat_template=None, chat_template_content_format="auto", add_generation_prompt=True,
-             continue_final_message=False, tools=None, chat_template_kwargs=None,
-             tokenization_kwargs=None, mm_processor_kwargs=None):
+    def chat(
+        self,
+        messages,
+        sampling_params=None,
+        use_tqdm=True,
+        lora_request=None,
+        priority=None,
+        chat_template=None,
+        chat_template_content_format="auto",
+        add_generation_prompt=True,
+        continue_final_message=False,
+        tools=None,
+        chat_template_kwargs=None,
+        tokenization_kwargs=None,
+        mm_processor_kwargs=None,
+    ):
         self.calls.append(ChatCall(messages, sampling_params, use_tqdm, chat_template_kwargs))
         outputs = []
         for i, (conversation, params) in enumerate(zip(messages, sampling_params, strict=True)):
@@ -126,13 +150,16 @@ class FakeLLM:
                 text, finish = '<think>hm</think>{"entity": "Carol', "length"
             else:
                 text = "<think>\nlet me see\n</think>\n\n" + json.dumps({"entity": user, "year": 2023})
-            outputs.append(RequestOutput(
-                request_id=str(i), prompt=None,
-                prompt_token_ids=list(range(sum(len(m["content"].split()) for m in conversation))),
-                prompt_logprobs=None,
-                outputs=[CompletionOutput(0, text, list(range(len(text.split()))), None, None, finish)],
-                finished=True,
-            ))
+            outputs.append(
+                RequestOutput(
+                    request_id=str(i),
+                    prompt=None,
+                    prompt_token_ids=list(range(sum(len(m["content"].split()) for m in conversation))),
+                    prompt_logprobs=None,
+                    outputs=[CompletionOutput(0, text, list(range(len(text.split()))), None, None, finish)],
+                    finished=True,
+                )
+            )
         return outputs
 
 
@@ -182,7 +209,9 @@ def test_engine_gets_the_configured_parallelism(fake_vllm, tmp_path):
 def test_cpu_build_gets_cpu_arguments_and_kv_cache_space(fake_vllm, tmp_path, monkeypatch):
     """On vLLM's CPU build (real runs: tests/vllm/) no GPU-only argument is passed and the KV
     cache size travels in the environment the engine's worker processes inherit."""
-    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=types.SimpleNamespace(device_type="cpu")))
+    monkeypatch.setitem(
+        sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=types.SimpleNamespace(device_type="cpu"))
+    )
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     config = load_config(REPO / "configs" / "vllm-cpu.yaml").llm
     build_llm(config, model_path=tmp_path / "smollm2-hf")
@@ -216,7 +245,9 @@ def test_serve_args_match_the_engine_arguments(tmp_path):
     assert "--gpu-memory-utilization" not in args and "--tensor-parallel-size" not in args
     assert "--enforce-eager" in args and args[args.index("--dtype") + 1] == "bfloat16"
     assert json.loads(args[args.index("--structured-outputs-config") + 1]) == {
-        "backend": "xgrammar", "disable_any_whitespace": True}
+        "backend": "xgrammar",
+        "disable_any_whitespace": True,
+    }
     free_whitespace, _ = serve_command(config.model_copy(update={"compact_json": False}), tmp_path / "m", "cpu")
     assert "--structured-outputs-config" not in free_whitespace
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "2"}
@@ -253,7 +284,11 @@ def test_thinking_requests_go_in_their_own_call_and_text_is_stripped(fake_vllm, 
     ]
     thinking_params = engine.calls[1].sampling_params[0]
     assert thinking_params.structured_outputs is None and thinking_params.max_tokens == 64
-    assert [r.text for r in results] == ['{"entity": "a", "year": 2023}', "answer to b", '{"entity": "c", "year": 2023}']
+    assert [r.text for r in results] == [
+        '{"entity": "a", "year": 2023}',
+        "answer to b",
+        '{"entity": "c", "year": 2023}',
+    ]
 
 
 def test_cut_off_reply_is_retried_alone_with_feedback(fake_vllm, tmp_path):
@@ -290,7 +325,9 @@ def serve_command(tmp_path, env: dict[str, str], *extra: str) -> subprocess.Comp
     return subprocess.run(
         ["bash", str(REPO / "scripts" / "serve_vllm.sh"), *extra],
         env={**base, "HYBRIDMEM_VLLM": str(stand_in), **env},
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 
@@ -298,13 +335,22 @@ def test_serve_script_builds_the_vllm_serve_command(tmp_path):
     model = tmp_path / "Qwen3-8B"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    run = serve_command(tmp_path, {"HYBRIDMEM_MODEL_PATH": str(model), "HYBRIDMEM_TP": "2", "HYBRIDMEM_PP": "2",
-                                   "HYBRIDMEM_EXECUTOR": "ray", "HYBRIDMEM_API_KEY": "sk-local"}, "--enforce-eager")
+    run = serve_command(
+        tmp_path,
+        {
+            "HYBRIDMEM_MODEL_PATH": str(model),
+            "HYBRIDMEM_TP": "2",
+            "HYBRIDMEM_PP": "2",
+            "HYBRIDMEM_EXECUTOR": "ray",
+            "HYBRIDMEM_API_KEY": "sk-local",
+        },
+        "--enforce-eager",
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     argv = out["argv"]
     assert argv[:2] == ["serve", str(model)]
-    flags = dict(zip(argv[2:-1:2], argv[3::2]))
+    flags = dict(zip(argv[2:-1:2], argv[3::2], strict=True))
     assert flags == {
         "--served-model-name": "qwen3-8b",
         "--host": "127.0.0.1",

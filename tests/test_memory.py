@@ -21,8 +21,12 @@ PEOPLE = ["Ann", "Ben", "Cal", "Dee", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jon"]
 def filler_tuples(n: int, seed: int = 0):
     rng = random.Random(seed)
     return [
-        make_tuple(rng.choice(PEOPLE), rng.choice(["bought", "visited", "painted", "sold", "lent"]),
-                   f"a {rng.choice(THINGS)} in {rng.choice(CITIES)} #{i}", day=1 + i % 28)
+        make_tuple(
+            rng.choice(PEOPLE),
+            rng.choice(["bought", "visited", "painted", "sold", "lent"]),
+            f"a {rng.choice(THINGS)} in {rng.choice(CITIES)} #{i}",
+            day=1 + i % 28,
+        )
         for i in range(n)
     ]
 
@@ -30,9 +34,16 @@ def filler_tuples(n: int, seed: int = 0):
 @pytest.mark.slow
 def test_search_finds_planted_memory_among_thousands(memory):
     memory.add_memories("alice", tuples=filler_tuples(2000))
-    memory.add_memories("alice", episodes=[make_episode(f"Day {i}", f"{PEOPLE[i % 10]} spent the day on chores number {i}.") for i in range(300)])
+    memory.add_memories(
+        "alice",
+        episodes=[
+            make_episode(f"Day {i}", f"{PEOPLE[i % 10]} spent the day on chores number {i}.") for i in range(300)
+        ],
+    )
     planted_tuple = make_tuple("Margaret", "adopted", "a three-legged greyhound named Biscuit", day=7)
-    planted_episode = make_episode("Greyhound adoption", "Margaret adopted Biscuit, a three-legged greyhound, from the shelter in Leeds.")
+    planted_episode = make_episode(
+        "Greyhound adoption", "Margaret adopted Biscuit, a three-legged greyhound, from the shelter in Leeds."
+    )
     (tid, eid) = memory.add_memories("alice", episodes=[planted_episode], tuples=[planted_tuple])[::-1]
     result = memory.search("Which dog did Margaret adopt?", namespace="alice")
     assert result.tuples[0].memory.id == tid
@@ -59,17 +70,27 @@ def test_namespaces_never_see_each_other(memory, seed):
     owned: dict[str, set[int]] = {"a": set(), "b": set()}
     for round_ in range(6):
         ns = rng.choice(["a", "b"])
-        ids = memory.add_memories(ns, tuples=filler_tuples(rng.randint(1, 30), seed=seed * 100 + round_),
-                                  episodes=[make_episode(f"E{round_}", f"{ns} event {round_} in {rng.choice(CITIES)}")])
+        ids = memory.add_memories(
+            ns,
+            tuples=filler_tuples(rng.randint(1, 30), seed=seed * 100 + round_),
+            episodes=[make_episode(f"E{round_}", f"{ns} event {round_} in {rng.choice(CITIES)}")],
+        )
         owned[ns].update(ids)
         for query_ns in ("a", "b"):
-            got = {m.id for m in memory.search(f"{rng.choice(PEOPLE)} {rng.choice(THINGS)}", namespace=query_ns, k=50).memories()}
+            got = {
+                m.id
+                for m in memory.search(
+                    f"{rng.choice(PEOPLE)} {rng.choice(THINGS)}", namespace=query_ns, k=50
+                ).memories()
+            }
             assert got <= owned[query_ns]
             assert bool(got) == bool(owned[query_ns])
 
 
 def test_deleted_memories_leave_search_and_keep_history(memory):
-    ids = memory.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Paris"), make_tuple("Alice", "lives in", "Rome")])
+    ids = memory.add_memories(
+        "alice", tuples=[make_tuple("Alice", "lives in", "Paris"), make_tuple("Alice", "lives in", "Rome")]
+    )
     memory.delete(ids[0], reason="moved")
     found = {m.id for m in memory.search("Where does Alice live?", namespace="alice").memories()}
     assert found == {ids[1]}
@@ -89,7 +110,13 @@ def test_provenance_must_name_real_turns(memory):
 
 
 def _search_ids(mem, queries, ns="alice"):
-    return [[(h.memory.id, round(h.score, 5)) for h in mem.search(q, namespace=ns).episodes + mem.search(q, namespace=ns).tuples] for q in queries]
+    return [
+        [
+            (h.memory.id, round(h.score, 5))
+            for h in mem.search(q, namespace=ns).episodes + mem.search(q, namespace=ns).tuples
+        ]
+        for q in queries
+    ]
 
 
 @pytest.mark.parametrize("damage", ["delete", "truncate", "garbage", "stale", "foreign_model"])
@@ -97,7 +124,9 @@ def test_damaged_index_is_repaired_on_open(tmp_path, minilm, damage):
     path = tmp_path / "m.db"
     queries = ["Who bought a bicycle in Oslo?", "Which city did Eve visit?", "painted a quilt"]
     with HybridMemory.open(path, embedder=minilm) as mem:
-        ids = mem.add_memories("alice", tuples=filler_tuples(300), episodes=[make_episode("Trip", "Eve visited Oslo by kayak.")])
+        ids = mem.add_memories(
+            "alice", tuples=filler_tuples(300), episodes=[make_episode("Trip", "Eve visited Oslo by kayak.")]
+        )
         mem.search("warm up", namespace="alice")  # load + persist indexes
     index_dir = tmp_path / "m.db.indexes" / "alice"
     (graph,) = index_dir.glob("tuple.*.hnsw")
@@ -141,7 +170,9 @@ def test_forget_leaves_nothing_of_the_namespace(tmp_path, minilm):
     path = tmp_path / "m.db"
     with HybridMemory.open(path, embedder=minilm) as mem:
         secret = "Alice's bank PIN is 4711"
-        mem.add_memories("alice", tuples=[make_tuple("Alice", "has PIN", "4711 for her bank")], session=make_session("alice", 1))
+        mem.add_memories(
+            "alice", tuples=[make_tuple("Alice", "has PIN", "4711 for her bank")], session=make_session("alice", 1)
+        )
         mem.add_memories("bob", tuples=[make_tuple("Bob", "likes", "tea")])
         mem.search("PIN", namespace="alice")
         export = tmp_path / "alice.jsonl"
@@ -160,9 +191,12 @@ def test_export_import_round_trip(tmp_path, minilm):
     src, dst = tmp_path / "a.db", tmp_path / "b.db"
     with HybridMemory.open(src, embedder=minilm) as mem:
         session = make_session("alice", 1)
-        ids = mem.add_memories("alice", episodes=[make_episode("Move", "Alice moved to Oslo.", ["s1:0"])],
-                               tuples=[make_tuple("Alice", "lives in", "Oslo", ["s1:1"]), make_tuple("Alice", "lives in", "Lima")],
-                               session=session)
+        ids = mem.add_memories(
+            "alice",
+            episodes=[make_episode("Move", "Alice moved to Oslo.", ["s1:0"])],
+            tuples=[make_tuple("Alice", "lives in", "Oslo", ["s1:1"]), make_tuple("Alice", "lives in", "Lima")],
+            session=session,
+        )
         mem.delete(ids[2], reason="outdated")
         mem.export("alice", tmp_path / "alice.jsonl")
         before = [(m.kind, m.render(), m.status, m.source_turn_ids) for m in mem.list("alice", status=None)]
@@ -171,15 +205,18 @@ def test_export_import_round_trip(tmp_path, minilm):
         after = [(m.kind, m.render(), m.status, m.source_turn_ids) for m in mem.list("alice2", status=None)]
         assert after == before
         assert mem.store.get_session("alice2", "s1").session.turns == session.turns
-        assert {h.memory.render() for h in mem.search("Where does Alice live?", namespace="alice2").tuples[:1]} == {"Alice — lives in — Oslo (2023-05-01)"}
+        assert {h.memory.render() for h in mem.search("Where does Alice live?", namespace="alice2").tuples[:1]} == {
+            "Alice — lives in — Oslo (2023-05-01)"
+        }
 
 
 # ----------------------------------------------------------------------------- API: update, filters, list, add_session
 
 
 def test_update_supersedes_with_history_and_search_follows(memory):
-    (old_id,) = memory.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Paris", ["s1:0"])],
-                                    session=make_session("alice", 1))
+    (old_id,) = memory.add_memories(
+        "alice", tuples=[make_tuple("Alice", "lives in", "Paris", ["s1:0"])], session=make_session("alice", 1)
+    )
     assert memory.search("Where does Alice live?", namespace="alice").tuples[0].memory.id == old_id
     new = memory.update(old_id, object="Rome", reason="moved")
     assert new.id != old_id and new.object == "Rome" and new.status == MemoryStatus.active
@@ -261,12 +298,21 @@ def test_answer_many_retrieves_per_question_and_answers_in_one_batch(tmp_path, m
 
     from tests.test_curation import ScriptedLLM
 
-    llm = ScriptedLLM(lambda request: json.dumps({
-        "answer": "tea" if "What does Alice drink?" in request.messages[-1].content else "Rome", "cited_memory_ids": ["T1"],
-    }))
+    llm = ScriptedLLM(
+        lambda request: json.dumps(
+            {
+                "answer": "tea" if "What does Alice drink?" in request.messages[-1].content else "Rome",
+                "cited_memory_ids": ["T1"],
+            }
+        )
+    )
     # The scripted model writes the JSON answer schema.
-    with HybridMemory.open(tmp_path / "m.db", load_config(overrides={"answering.mode": "json"}), embedder=minilm, llm=llm) as mem:
-        mem.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Rome"), make_tuple("Alice", "drinks", "tea")])
+    with HybridMemory.open(
+        tmp_path / "m.db", load_config(overrides={"answering.mode": "json"}), embedder=minilm, llm=llm
+    ) as mem:
+        mem.add_memories(
+            "alice", tuples=[make_tuple("Alice", "lives in", "Rome"), make_tuple("Alice", "drinks", "tea")]
+        )
         answers = mem.answer_many(["Where does Alice live?", "What does Alice drink?"], namespace="alice")
     assert [a.answer for a in answers] == ["Rome", "tea"]
     assert len(llm.batches) == 1 and len(llm.batches[0]) == 2

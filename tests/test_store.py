@@ -58,11 +58,10 @@ def test_duplicate_session_and_turn_ids_are_refused_without_change(store):
 
 def test_transaction_rolls_back_session_and_memories_together(store):
     session = make_session("alice", 1)
-    with pytest.raises(RuntimeError):
-        with store.transaction():
-            store.insert_session(session)
-            store.insert_memories("alice", [make_tuple("Alice", "likes", "tea", ["s1:0"])])
-            raise RuntimeError("crash before commit")
+    with pytest.raises(RuntimeError), store.transaction():
+        store.insert_session(session)
+        store.insert_memories("alice", [make_tuple("Alice", "likes", "tea", ["s1:0"])])
+        raise RuntimeError("crash before commit")
     assert not store.has_session("alice", "s1")
     assert store.list_memories("alice") == []
 
@@ -175,10 +174,16 @@ def test_a_memory_without_turns_takes_the_provenance_of_the_turns_it_gains(store
 
 def test_duplicate_candidates_share_kind_and_timestamp_or_session_and_are_active(store):
     store.insert_session(make_session("alice", 1))
-    same_day, other_day, same_session, retired = store.insert_memories("alice", [
-        make_episode("A", "a", day=1), make_episode("B", "b", day=2), make_episode("C", "c", day=3),
-        make_episode("D", "d", day=1),
-    ], source_session_id="s1")
+    same_day, other_day, same_session, retired = store.insert_memories(
+        "alice",
+        [
+            make_episode("A", "a", day=1),
+            make_episode("B", "b", day=2),
+            make_episode("C", "c", day=3),
+            make_episode("D", "d", day=1),
+        ],
+        source_session_id="s1",
+    )
     store.insert_memories("alice", [make_episode("E", "e", day=2)], source_session_id="s2")
     store.insert_memories("alice", [make_tuple("Alice", "likes", "tea", day=1)], source_session_id="s1")
     store.insert_memories("bob", [make_episode("F", "f", day=1)], source_session_id="s1")

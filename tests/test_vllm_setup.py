@@ -51,12 +51,19 @@ def test_serve_script_starts_waits_for_health_and_stops_by_pid(tmp_path):
     stand_in.chmod(0o755)
     port = free_port()
     config = yaml.safe_load((REPO / "configs" / "vllm-cpu.yaml").read_text())
-    config["llm"].update(base_url=f"http://127.0.0.1:{port}/v1", path=str(tmp_path))  # any folder: the stand-in loads nothing
+    config["llm"].update(
+        base_url=f"http://127.0.0.1:{port}/v1", path=str(tmp_path)
+    )  # any folder: the stand-in loads nothing
     config_path = tmp_path / "cpu.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDMEM_", "VLLM_"))},
-           "HYBRIDMEM_VLLM": str(stand_in), "HYBRIDMEM_PYTHON": sys.executable, "HYBRIDMEM_VLLM_STATE": str(tmp_path / "state"),
-           "HYBRIDMEM_VLLM_DEVICE": "cpu", "STAND_IN_ARGS": str(tmp_path / "args.json")}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDMEM_", "VLLM_"))},
+        "HYBRIDMEM_VLLM": str(stand_in),
+        "HYBRIDMEM_PYTHON": sys.executable,
+        "HYBRIDMEM_VLLM_STATE": str(tmp_path / "state"),
+        "HYBRIDMEM_VLLM_DEVICE": "cpu",
+        "STAND_IN_ARGS": str(tmp_path / "args.json"),
+    }
 
     def script(*args: str) -> subprocess.CompletedProcess:
         command = ["bash", str(REPO / "scripts" / "serve_vllm.sh"), *args, "--config", str(config_path)]
@@ -89,9 +96,16 @@ def test_serve_script_reports_a_server_that_dies_at_start(tmp_path):
     (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(config))
     run = subprocess.run(
         ["bash", str(REPO / "scripts" / "serve_vllm.sh"), "start", "--config", str(tmp_path / "cpu.yaml")],
-        env={**os.environ, "HYBRIDMEM_VLLM": str(dying), "HYBRIDMEM_PYTHON": sys.executable, "HYBRIDMEM_VLLM_DEVICE": "cpu",
-             "HYBRIDMEM_VLLM_STATE": str(tmp_path / "state")},
-        capture_output=True, text=True, timeout=60,
+        env={
+            **os.environ,
+            "HYBRIDMEM_VLLM": str(dying),
+            "HYBRIDMEM_PYTHON": sys.executable,
+            "HYBRIDMEM_VLLM_DEVICE": "cpu",
+            "HYBRIDMEM_VLLM_STATE": str(tmp_path / "state"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert run.returncode == 1
     assert "exited before answering" in run.stderr and "invalid choice" in run.stderr
@@ -144,7 +158,8 @@ def test_convert_makes_the_pinned_checkpoint_offline(tmp_path):
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolved.path))
     model = AutoModelForCausalLM.from_pretrained(str(resolved.path))
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
-    assert tokenizer.decode(out[0][prompt["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    assert tokenizer.decode(out[0][prompt["input_ids"].shape[1] :], skip_special_tokens=True).strip()

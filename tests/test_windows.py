@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from itertools import pairwise
 
 import pytest
 from hypothesis import given
@@ -27,8 +28,8 @@ def test_windows_cover_every_turn_and_stay_inside_the_session(n_turns, size, str
     covered = {p for s in starts for p in range(s, min(s + size, n_turns))}
     assert covered == set(range(n_turns))
     assert starts == sorted(set(starts))
-    assert all(0 <= s and s + min(size, n_turns) <= n_turns for s in starts)
-    assert all(b - a <= stride for a, b in zip(starts, starts[1:]))
+    assert all(s >= 0 and s + min(size, n_turns) <= n_turns for s in starts)
+    assert all(b - a <= stride for a, b in pairwise(starts))
 
 
 def test_window_shape_errors_and_config_checks():
@@ -52,7 +53,9 @@ def _session(sid: str, day: int, texts: list[str], namespace: str = "alice") -> 
 
 
 SESSIONS = [
-    _session("s1", 0, ["Hi Ben!", "Hello Ann, how was Lima?", "Lima was sunny.", "Did you try ceviche?", "Yes, twice."]),
+    _session(
+        "s1", 0, ["Hi Ben!", "Hello Ann, how was Lima?", "Lima was sunny.", "Did you try ceviche?", "Yes, twice."]
+    ),
     _session("s2", 7, ["I bought a kayak."]),
     _session("s3", 14, ["My kayak has a leak.", "Patch it with epoxy."]),
 ]
@@ -149,13 +152,19 @@ def count_tokens():
 
 def _window(wid: int, session: Session, start: int, size: int = 3) -> EvidenceWindow:
     return EvidenceWindow(
-        id=wid, namespace="alice", session_id=session.session_id, session_date=session.started_at,
-        start=start, turns=session.turns[start : start + size],
+        id=wid,
+        namespace="alice",
+        session_id=session.session_id,
+        session_date=session.started_at,
+        start=start,
+        turns=session.turns[start : start + size],
     )
 
 
 def _result(windows: list[EvidenceWindow], memories=()) -> SearchResult:
-    result = SearchResult(query="q", namespace="alice", windows=[WindowHit(window=w, score=1.0 / (i + 1)) for i, w in enumerate(windows)])
+    result = SearchResult(
+        query="q", namespace="alice", windows=[WindowHit(window=w, score=1.0 / (i + 1)) for i, w in enumerate(windows)]
+    )
     for i, memory in enumerate(memories):
         (result.episodes if memory.kind == "episode" else result.tuples).append(Hit(memory=memory, score=1.0 / (i + 1)))
     return result
@@ -193,7 +202,9 @@ def test_separate_runs_of_one_session_get_their_own_short_ids(count_tokens):
 
 @pytest.mark.parametrize("budget", [20, 60, 120, 250, 10_000])
 def test_budget_is_respected_and_provenance_is_exact(count_tokens, budget):
-    episode = _stored(make_episode("Lima trip", "Ann spent a sunny week in Lima and ate ceviche twice.", ["s1:2", "s1:3"]), 1)
+    episode = _stored(
+        make_episode("Lima trip", "Ann spent a sunny week in Lima and ate ceviche twice.", ["s1:2", "s1:3"]), 1
+    )
     tup = _stored(make_tuple("Ann", "owns", "a leaking kayak", ["s3:0"]), 2)
     windows = [_window(31, SESSIONS[2], 0), _window(11, SESSIONS[0], 0), _window(12, SESSIONS[0], 2)]
     context = format_context(_result(windows, [episode, tup]), budget=budget, count_tokens=count_tokens)

@@ -7,7 +7,7 @@ conversation to ``usage.jsonl``, from which the report's cost table is built.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.usage import LLMUsage

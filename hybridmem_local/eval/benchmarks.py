@@ -54,7 +54,10 @@ def load_benchmark(options: RunOptions) -> LoadedBenchmark:
     if options.benchmark == "locomo":
         issues = [i for i in dataset.evidence_issues if i.question_id in selected]
         counts: dict[str, Any] = {
-            "malformed_evidence": {kind: sum(1 for i in issues if i.kind == kind) for kind in ("split", "repaired", "unresolvable", "dangling")},
+            "malformed_evidence": {
+                kind: sum(1 for i in issues if i.kind == kind)
+                for kind in ("split", "repaired", "unresolvable", "dangling")
+            },
             "empty_sessions_skipped_in_file": dataset.empty_sessions_skipped,
             "empty_turns_skipped_in_file": dataset.empty_turns_skipped,
         }

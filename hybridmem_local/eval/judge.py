@@ -17,7 +17,6 @@ from hybridmem_local.llm.base import LLMRequest
 from hybridmem_local.prompts import load_prompt
 from hybridmem_local.schema import StrictModel
 
-
 #: LongMemEval question type → judge prompt (as in LongMemEval's ``get_anscheck_prompt``).
 LONGMEMEVAL_JUDGE_PROMPTS: dict[str, str] = {
     "single-session-user": "judge_longmemeval_factual",

@@ -75,11 +75,17 @@ def plant_answers(conversations: Sequence[EvalConversation], size: int, seed: in
         for question in gradable:
             lender = _lender(question, conversation, gradable, people, by_category.get(question.category, []), seed)
             if lender is not None:
-                planted.append(PlantedAnswer(
-                    conversation_id=conversation.conversation_id, question_id=question.question_id,
-                    category=question.category, question=question.question, gold=question.gold or "",
-                    planted=lender.gold or "", planted_from=lender.question_id,
-                ))
+                planted.append(
+                    PlantedAnswer(
+                        conversation_id=conversation.conversation_id,
+                        question_id=question.question_id,
+                        category=question.category,
+                        question=question.question,
+                        gold=question.gold or "",
+                        planted=lender.gold or "",
+                        planted_from=lender.question_id,
+                    )
+                )
     if size < len(planted):
         chosen = set(random.Random(seed).sample(range(len(planted)), size))
         planted = [p for i, p in enumerate(planted) if i in chosen]
@@ -87,8 +93,12 @@ def plant_answers(conversations: Sequence[EvalConversation], size: int, seed: in
 
 
 def _lender(
-    question: EvalQuestion, conversation: EvalConversation, gradable: list[EvalQuestion], people: set[str],
-    same_category: list[tuple[EvalConversation, EvalQuestion]], seed: int,
+    question: EvalQuestion,
+    conversation: EvalConversation,
+    gradable: list[EvalQuestion],
+    people: set[str],
+    same_category: list[tuple[EvalConversation, EvalQuestion]],
+    seed: int,
 ) -> EvalQuestion | None:
     def wrong(other: EvalQuestion) -> bool:
         return other.question_id != question.question_id and token_f1(other.gold or "", question.gold or "") == 0.0
@@ -112,6 +122,7 @@ def summarise_audit(records: Sequence[dict[str, Any]], judge_model_id: str) -> d
     ``false_accept_rate`` is over the planted answers the judge labelled (a failed judge reply
     counts in ``judge_failures``, not as a rejection), with its bootstrap 95% interval.
     """
+
     def block(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         accepted = [r["label"] == "CORRECT" for r in rows if r.get("label") is not None]
         interval = bootstrap_interval(accepted)

@@ -120,7 +120,9 @@ def load_locomo(
     """
     path = Path(path)
     loader = _Loader(path, DatasetError)
-    conversations = [loader.conversation(raw, sample, include_adversarial) for raw, sample in loader.samples(namespace_prefix)]
+    conversations = [
+        loader.conversation(raw, sample, include_adversarial) for raw, sample in loader.samples(namespace_prefix)
+    ]
     return LocomoDataset(
         path=path,
         conversations=conversations,
@@ -145,7 +147,9 @@ class _Loader(LocomoReader):
         turn_ids = {turn.turn_id for session in sample.sessions for turn in session.turns}
         questions = []
         for qa_index, record in enumerate(qa):
-            question, issues = self.question(f"{where} qa {qa_index}", f"{sample.sample_id}:qa{qa_index}", record, turn_ids)
+            question, issues = self.question(
+                f"{where} qa {qa_index}", f"{sample.sample_id}:qa{qa_index}", record, turn_ids
+            )
             # Issues are reported for the questions that are loaded, so counts match the data.
             if question.category != ADVERSARIAL or include_adversarial:
                 questions.append(question)

@@ -129,9 +129,7 @@ class LongMemEvalDataset(StrictModel):
 # --------------------------------------------------------------------------- loading
 
 
-def load_longmemeval(
-    path: str | Path, *, namespace_prefix: str = "", limit: int | None = None
-) -> LongMemEvalDataset:
+def load_longmemeval(path: str | Path, *, namespace_prefix: str = "", limit: int | None = None) -> LongMemEvalDataset:
     """Load a LongMemEval file; ``limit`` keeps only the first instances (parsing is whole-file).
 
     Raises :class:`DatasetError` naming file, instance, session/turn index and field when the
@@ -197,7 +195,7 @@ class _Loader:
         evidence_turn_ids: list[str] = []
         seen_session_ids: set[str] = set()
         for position, (session_id, date, raw_turns) in enumerate(
-            zip(raw.haystack_session_ids, raw.haystack_dates, raw.haystack_sessions)
+            zip(raw.haystack_session_ids, raw.haystack_dates, raw.haystack_sessions, strict=True)
         ):
             session_where = f"{where} session {position} ({session_id})"
             if session_id in seen_session_ids:
@@ -229,9 +227,7 @@ class _Loader:
                 self.empty_sessions_skipped += 1
                 continue
             try:
-                sessions.append(
-                    Session(session_id=session_id, namespace=namespace, started_at=started_at, turns=turns)
-                )
+                sessions.append(Session(session_id=session_id, namespace=namespace, started_at=started_at, turns=turns))
             except ValidationError as exc:
                 raise self.error(session_where, describe_validation_error(exc)) from exc
 

@@ -199,14 +199,12 @@ def _summarise(values: list[float | bool | None]) -> MetricSummary:
     )
 
 
-def aggregate(
-    values: Sequence[float | bool | None], categories: Sequence[str | int] | None = None
-) -> MetricReport:
+def aggregate(values: Sequence[float | bool | None], categories: Sequence[str | int] | None = None) -> MetricReport:
     """Mean of per-question values overall and per category, leaving out (and counting) Nones."""
     if categories is not None and len(categories) != len(values):
         raise ValueError(f"{len(values)} values but {len(categories)} categories")
     grouped: dict[str, list[float | bool | None]] = {}
-    for category, value in zip(categories or [], values):
+    for category, value in zip(categories, values, strict=True) if categories is not None else ():
         grouped.setdefault(str(category), []).append(value)
     return MetricReport(
         overall=_summarise(list(values)),

@@ -1,7 +1,7 @@
 """What an evaluation run is asked to do: the benchmark, the systems and their sweeps.
 
-    options = RunOptions(benchmark="locomo", data=Path("locomo10.json"), out=Path("runs/eval"), ks=[2, 5])
-    system_runs(options, config)  # hybrid, hybrid@k2, hybrid@k5, rag, ...
+options = RunOptions(benchmark="locomo", data=Path("locomo10.json"), out=Path("runs/eval"), ks=[2, 5])
+system_runs(options, config)  # hybrid, hybrid@k2, hybrid@k5, rag, ...
 """
 
 from __future__ import annotations

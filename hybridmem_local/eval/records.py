@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Literal, Sequence
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -121,6 +122,8 @@ def question_metrics(
         values[f"evidence_recall@{k}"] = values[f"session_recall@{k}"] = None
         if ranked:
             top = retrieved_at(context.ranked, k, tuple_multiplier)
-            values[f"evidence_recall@{k}"] = metrics.evidence_recall({t for i in top for t in i.turn_ids}, question.evidence)
+            values[f"evidence_recall@{k}"] = metrics.evidence_recall(
+                {t for i in top for t in i.turn_ids}, question.evidence
+            )
             values[f"session_recall@{k}"] = metrics.session_recall_at_k(sessions, question.answer_session_ids, k)
     return values

@@ -19,9 +19,10 @@ import json
 import platform
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from hybridmem_local.config import Config
 from hybridmem_local.eval.metrics import aggregate, bootstrap_interval
@@ -97,8 +98,11 @@ def build_summary(
         for category in ordered_categories(r["category"] for r in mine):
             by_category[category] = _block([r for r in mine if r["category"] == category], recall_ks)
         systems[run["label"]] = {
-            "system": run["system"], "k": run["k"], "mcs": run["mcs"],
-            "overall": _block(mine, recall_ks), "by_category": by_category,
+            "system": run["system"],
+            "k": run["k"],
+            "mcs": run["mcs"],
+            "overall": _block(mine, recall_ks),
+            "by_category": by_category,
         }
     counts = dict(counts)
     counts["full_context_truncations"] = sum(
@@ -154,7 +158,10 @@ def cost_summary(usage_rows: list[dict], config_hash: str, conversations: Sequen
         phase["per_unit"] = phase["requests"] / phase["units"] if phase["units"] else None
         phase["llm_s"] = round(phase["llm_s"], 2)
         phase["wall_s"] = round(phase["wall_s"], 2)
-    return {"phases": phases, "invocations": len({r.get("started_at") for r in usage_rows if r.get("config_hash") == config_hash})}
+    return {
+        "phases": phases,
+        "invocations": len({r.get("started_at") for r in usage_rows if r.get("config_hash") == config_hash}),
+    }
 
 
 # --------------------------------------------------------------------------- manifest
@@ -261,7 +268,9 @@ def write_csv(summary: dict[str, Any], path: Path) -> None:
             for category, block in [("overall", entry["overall"]), *entry["by_category"].items()]:
                 cells = ["" if block.get(c) is None else block.get(c) for c in columns]
                 ends = [_interval(block, name) for name, _ in bounds]
-                cells += ["" if pair is None else pair[end == "high"] for pair, (_, end) in zip(ends, bounds)]
+                cells += [
+                    "" if pair is None else pair[end == "high"] for pair, (_, end) in zip(ends, bounds, strict=True)
+                ]
                 writer.writerow([label, category, *cells])
 
 
@@ -287,9 +296,16 @@ def _fmt(name: str, value: Any) -> str:
 
 
 _TITLES = {
-    "judge_accuracy": "LLM judge", "f1_official": "F1 (LoCoMo)", "f1": "F1", "bleu1": "BLEU-1",
-    "evidence_recall": "evidence recall", "context_tokens_mean": "context tok", "prompt_tokens_mean": "prompt tok",
-    "answer_latency_s_mean": "answer s", "retrieval_latency_s_mean": "retrieval s", "n": "n",
+    "judge_accuracy": "LLM judge",
+    "f1_official": "F1 (LoCoMo)",
+    "f1": "F1",
+    "bleu1": "BLEU-1",
+    "evidence_recall": "evidence recall",
+    "context_tokens_mean": "context tok",
+    "prompt_tokens_mean": "prompt tok",
+    "answer_latency_s_mean": "answer s",
+    "retrieval_latency_s_mean": "retrieval s",
+    "n": "n",
     "context_truncations": "truncated",
 }
 
@@ -351,8 +367,16 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
         lines += _table(
             ["mcs", "memories before", "after", "compression %", "clusters", "merges", "deletions", "LLM requests"],
             [
-                [str(c["mcs"]), str(c["memories_before"]), str(c["memories_after"]), f"{c['compression_pct']:.1f}",
-                 str(c["clusters"]), str(c["merges"]), str(c["deletions"]), str(c["llm_requests"])]
+                [
+                    str(c["mcs"]),
+                    str(c["memories_before"]),
+                    str(c["memories_after"]),
+                    f"{c['compression_pct']:.1f}",
+                    str(c["clusters"]),
+                    str(c["merges"]),
+                    str(c["deletions"]),
+                    str(c["llm_requests"]),
+                ]
                 for c in summary["consolidation"].values()
             ],
         )
@@ -360,11 +384,33 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
     if phases:
         lines += [f"## Cost ({summary['cost']['invocations']} invocation(s) summed)", ""]
         lines += _table(
-            ["phase", "requests", "to the model", "cached", "failed", "prompt tok", "completion tok", "LLM s", "wall s", "requests per unit"],
             [
-                [name, str(p["requests"]), str(p["model_calls"]), str(p["cached"]), str(p["failed"]), str(p["prompt_tokens"]),
-                 str(p["completion_tokens"]), f"{p['llm_s']:.0f}", f"{p['wall_s']:.0f}",
-                 "–" if p["per_unit"] is None else f"{p['per_unit']:.2f} / {'session' if name in ('curation', 'consolidation') else 'question'}"]
+                "phase",
+                "requests",
+                "to the model",
+                "cached",
+                "failed",
+                "prompt tok",
+                "completion tok",
+                "LLM s",
+                "wall s",
+                "requests per unit",
+            ],
+            [
+                [
+                    name,
+                    str(p["requests"]),
+                    str(p["model_calls"]),
+                    str(p["cached"]),
+                    str(p["failed"]),
+                    str(p["prompt_tokens"]),
+                    str(p["completion_tokens"]),
+                    f"{p['llm_s']:.0f}",
+                    f"{p['wall_s']:.0f}",
+                    "–"
+                    if p["per_unit"] is None
+                    else f"{p['per_unit']:.2f} / {'session' if name in ('curation', 'consolidation') else 'question'}",
+                ]
                 for name, p in phases.items()
             ],
         )
@@ -435,8 +481,7 @@ def _plot_categories(plt, summary):
 def _plot_recall_at_k(plt, summary):
     ks = summary["recall_ks"]
     curves = {
-        label: [entry["overall"].get(f"evidence_recall@{k}") for k in ks]
-        for label, entry in summary["systems"].items()
+        label: [entry["overall"].get(f"evidence_recall@{k}") for k in ks] for label, entry in summary["systems"].items()
     }
     curves = {label: values for label, values in curves.items() if any(v is not None for v in values)}
     if not curves:
@@ -455,7 +500,7 @@ def _plot_recall_at_k(plt, summary):
 
 def _plot_k_sweep(plt, summary):
     groups: dict[tuple, list[tuple[int, dict]]] = {}
-    for label, entry in summary["systems"].items():
+    for entry in summary["systems"].values():
         groups.setdefault((entry["system"], entry["mcs"]), []).append((entry["k"], entry["overall"]))
     groups = {key: sorted(points, key=lambda p: p[0]) for key, points in groups.items() if len(points) > 1}
     if not groups:
@@ -482,7 +527,9 @@ def _plot_compression(plt, summary):
         if entry["system"] == "hybrid+consolidation":
             totals = summary["consolidation"].get(f"mcs{entry['mcs']}")
             if totals is not None:
-                points.append((totals["compression_pct"], entry["overall"].get(metric), f"mcs {entry['mcs']} k {entry['k']}"))
+                points.append(
+                    (totals["compression_pct"], entry["overall"].get(metric), f"mcs {entry['mcs']} k {entry['k']}")
+                )
         elif entry["system"] == "hybrid":
             points.append((0.0, entry["overall"].get(metric), f"no consolidation k {entry['k']}"))
     points = [p for p in points if p[1] is not None]

@@ -62,7 +62,14 @@ from hybridmem_local.eval.records import (
     question_metrics,
     read_records,
 )
-from hybridmem_local.eval.systems import SYSTEMS, EvalConversation, EvalQuestion, SystemContext, SystemSettings, build_system
+from hybridmem_local.eval.systems import (
+    SYSTEMS,
+    EvalConversation,
+    EvalQuestion,
+    SystemContext,
+    SystemSettings,
+    build_system,
+)
 from hybridmem_local.llm.base import StructuredLLM
 from hybridmem_local.prompts import load_prompt, prompt_names
 from hybridmem_local.schema import StrictModel
@@ -163,8 +170,12 @@ class _Run:
         self.consolidation: dict[str, list[dict]] = {}
         self.curation_failed: dict[str, int] = {}
         self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
         )
         self._embedder = None
 
@@ -183,7 +194,9 @@ class _Run:
         done = {(r.get("run_key"), r.get("question_id")) for r in read_records(predictions)}
         resumed = sum(
             (self.keys[run.label], q.question_id) in done
-            for run in self.runs for c in benchmark.conversations for q in c.questions
+            for run in self.runs
+            for c in benchmark.conversations
+            for q in c.questions
         )
         new = 0
         try:
@@ -191,12 +204,17 @@ class _Run:
             for conversation in benchmark.conversations:
                 new += self._conversation(conversation, done, predictions)
                 self.progress.advance(conversations_task)
-            audit = None if options.retrieval_only or not options.judge_audit else self._judge_audit(benchmark.conversations)
+            audit = (
+                None
+                if options.retrieval_only or not options.judge_audit
+                else self._judge_audit(benchmark.conversations)
+            )
         finally:
             append_jsonl(options.out / USAGE, self.usage_rows)
             self.models.close()
         records = [
-            r for r in read_records(predictions)
+            r
+            for r in read_records(predictions)
             if r.get("run_key") in set(self.keys.values())
             and r.get("question_id") in {q.question_id for c in benchmark.conversations for q in c.questions}
         ]
@@ -220,7 +238,11 @@ class _Run:
             judge_audit=audit,
         )
         manifest = report.build_manifest(
-            self.config, self.config_hash, options.command, self.models.judge_model_id(), self.started,
+            self.config,
+            self.config_hash,
+            options.command,
+            self.models.judge_model_id(),
+            self.started,
             embedder_model_id=self._embedder.model_id if self._embedder is not None else None,
         )
         report.write_report(options.out, summary, manifest)
@@ -249,10 +271,16 @@ class _Run:
 
     def _record_usage(self, phase: str, scope: PhaseUsage, conversation_id: str, system: str | None = None) -> None:
         self.usage[phase].add(scope)
-        self.usage_rows.append({
-            "config_hash": self.config_hash, "started_at": self.started.isoformat(), "phase": phase,
-            "conversation_id": conversation_id, "system": system, **scope.model_dump(),
-        })
+        self.usage_rows.append(
+            {
+                "config_hash": self.config_hash,
+                "started_at": self.started.isoformat(),
+                "phase": phase,
+                "conversation_id": conversation_id,
+                "system": system,
+                **scope.model_dump(),
+            }
+        )
 
     # ------------------------------------------------------------------ one conversation
 
@@ -262,17 +290,27 @@ class _Run:
         needs = {SYSTEMS[run.system].needs for run in self.runs}
         path = self.options.stores_dir / f"{conversation.namespace}.db"
         curation = PhaseUsage()
-        memory = HybridMemory.open(path, self.config, embedder=self.embedder, llm=MeteredLLM(self.models.answer, curation))
+        memory = HybridMemory.open(
+            path, self.config, embedder=self.embedder, llm=MeteredLLM(self.models.answer, curation)
+        )
         opened: list[HybridMemory] = [memory]
         written = 0
         try:
             memory.ingest(conversation.sessions, curate=False)
             selected = {s.session_id for s in conversation.sessions}
-            extra = [r.session.session_id for r in memory.store.iter_sessions(conversation.namespace)
-                     if r.session.session_id not in selected]
+            extra = [
+                r.session.session_id
+                for r in memory.store.iter_sessions(conversation.namespace)
+                if r.session.session_id not in selected
+            ]
             if extra:
-                log.warning("%s: the store %s also holds %d sessions outside this selection (an earlier run with "
-                            "more --max-sessions?); they are searched too", conversation.conversation_id, path, len(extra))
+                log.warning(
+                    "%s: the store %s also holds %d sessions outside this selection (an earlier run with "
+                    "more --max-sessions?); they are searched too",
+                    conversation.conversation_id,
+                    path,
+                    len(extra),
+                )
             curated = self._curate(memory, conversation, curation, wanted=bool(needs - {"raw"}))
             for run in self.runs:
                 key = self.keys[run.label]
@@ -300,7 +338,8 @@ class _Run:
             task = self.progress.add_task(f"curating {namespace}", total=len(pending))
             with self.progress:
                 memory.curate_pending(
-                    namespace, retry_failed=retry,
+                    namespace,
+                    retry_failed=retry,
                     on_progress=lambda done, total: self.progress.update(task, completed=done, total=total),
                 )
             self.progress.remove_task(task)
@@ -325,14 +364,19 @@ class _Run:
         if needs == "raw":
             return memory
         if not curated:
-            log.warning("%s: %s skipped: the store has uncurated sessions (--retrieval-only does not curate)",
-                        conversation.conversation_id, run.label)
+            log.warning(
+                "%s: %s skipped: the store has uncurated sessions (--retrieval-only does not curate)",
+                conversation.conversation_id,
+                run.label,
+            )
             return None
         if needs == "curated":
             return memory
         return self._consolidated(run, memory, conversation, opened)
 
-    def _consolidated(self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation, opened: list) -> HybridMemory | None:
+    def _consolidated(
+        self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation, opened: list
+    ) -> HybridMemory | None:
         """A copy of the curated store consolidated at ``run.mcs``, made once and reused while the
         curated store stays as it was (its fingerprint is kept beside the copy)."""
         from hybridmem_local.consolidation import ConsolidationReport
@@ -348,8 +392,11 @@ class _Run:
         made_from = json.loads(marker.read_text(encoding="utf-8"))["base"] if marker.exists() else None
         if made_from != base:
             if self.options.retrieval_only:
-                log.warning("%s: %s skipped: no consolidated store yet (--retrieval-only does not consolidate)",
-                            conversation.conversation_id, run.label)
+                log.warning(
+                    "%s: %s skipped: no consolidated store yet (--retrieval-only does not consolidate)",
+                    conversation.conversation_id,
+                    run.label,
+                )
                 return None
             copy_store(memory, path)
             started = time.perf_counter()
@@ -366,13 +413,18 @@ class _Run:
         report = ConsolidationReport.model_validate(json.loads(marker.read_text(encoding="utf-8"))["report"])
         entries = self.consolidation.setdefault(f"mcs{run.mcs}", [])
         if not any(e["conversation_id"] == conversation.conversation_id for e in entries):
-            entries.append({
-                "conversation_id": conversation.conversation_id, "mcs": run.mcs,
-                "memories_before": report.memories_before, "memories_after": report.memories_after,
-                "clusters": sum(s.clusters for s in report.stores.values()),
-                "llm_requests": report.llm.requests, "merges": sum(s.merges for s in report.stores.values()),
-                "deletions": sum(s.deletions for s in report.stores.values()),
-            })
+            entries.append(
+                {
+                    "conversation_id": conversation.conversation_id,
+                    "mcs": run.mcs,
+                    "memories_before": report.memories_before,
+                    "memories_after": report.memories_after,
+                    "clusters": sum(s.clusters for s in report.stores.values()),
+                    "llm_requests": report.llm.requests,
+                    "merges": sum(s.merges for s in report.stores.values()),
+                    "deletions": sum(s.deletions for s in report.stores.values()),
+                }
+            )
         copy = HybridMemory.open(path, config, embedder=self.embedder)
         opened.append(copy)
         return copy
@@ -394,7 +446,10 @@ class _Run:
         """Tokens left for the context once the answer prompt, question and reply fit."""
         llm_config = self.config.llm
         request = build_answer_request(
-            question.question, RenderedContext(text="", short_ids={}), question.question_date, llm_config.enable_thinking,
+            question.question,
+            RenderedContext(text="", short_ids={}),
+            question.question_date,
+            llm_config.enable_thinking,
             self.config.answering.mode,
         )
         count = self.models.answer.count_tokens
@@ -408,8 +463,13 @@ class _Run:
         return limit
 
     def _questions(
-        self, run: SystemRun, key: str, conversation: EvalConversation, pending: list[EvalQuestion],
-        memory: HybridMemory, predictions: Path,
+        self,
+        run: SystemRun,
+        key: str,
+        conversation: EvalConversation,
+        pending: list[EvalQuestion],
+        memory: HybridMemory,
+        predictions: Path,
     ) -> int:
         system = build_system(run.system, self._settings(run))
         system.prepare(conversation, memory)
@@ -436,7 +496,10 @@ class _Run:
                     answers = answer_many(
                         answer_llm,
                         [q.question for q in batch],
-                        [RenderedContext(text=c.text, short_ids=c.short_ids, memory_texts=c.memory_texts) for c in contexts],
+                        [
+                            RenderedContext(text=c.text, short_ids=c.short_ids, memory_texts=c.memory_texts)
+                            for c in contexts
+                        ],
                         [q.question_date for q in batch],
                         enable_thinking=self.config.llm.enable_thinking,
                         tag=conversation.namespace,
@@ -451,7 +514,7 @@ class _Run:
                     judging.units += len(batch)
                 records = [
                     self._record(run, key, conversation, q, c, s, a, v, system.ranked, turn_sessions)
-                    for q, c, s, a, v in zip(batch, contexts, seconds, answers, verdicts)
+                    for q, c, s, a, v in zip(batch, contexts, seconds, answers, verdicts, strict=True)
                 ]
                 append_jsonl(predictions, records)
                 self.progress.advance(task, len(batch))
@@ -472,7 +535,7 @@ class _Run:
         """(verdict, judge error, judge seconds) per question; adversarial ones are not judged."""
         out: list[tuple[Verdict | None, str | None, float | None]] = [(None, None, None)] * len(batch)
         requests, positions = [], []
-        for i, (question, prediction) in enumerate(zip(batch, predictions)):
+        for i, (question, prediction) in enumerate(zip(batch, predictions, strict=True)):
             if question.category_number == ADVERSARIAL:
                 continue  # mem0's protocol: adversarial questions get the official F1 rule only
             if not prediction:
@@ -480,12 +543,16 @@ class _Run:
                 continue
             requests.append(
                 build_judge_request(
-                    question.question, question.gold or "", prediction, self.options.benchmark, question.category,
+                    question.question,
+                    question.gold or "",
+                    prediction,
+                    self.options.benchmark,
+                    question.category,
                     abstention=question.abstention,
                 ).model_copy(update={"tag": namespace})
             )
             positions.append(i)
-        for i, result in zip(positions, llm.generate(requests) if requests else []):
+        for i, result in zip(positions, llm.generate(requests) if requests else [], strict=True):
             verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
             if verdict is None:
                 out[i] = (None, result.error or "reply is not a JudgeVerdict", result.latency_s)
@@ -497,9 +564,12 @@ class _Run:
         """Grade planted wrong answers (``judge_audit.py``); rows already in ``judge_audit.jsonl``
         under this config and these prompts are reused, so a rerun asks the judge nothing."""
         path = self.options.out / JUDGE_AUDIT
-        key = hashlib.sha256(json.dumps(
-            {"config": self.config_hash, "prompts": [load_prompt(n).version for n in prompt_names()]}, sort_keys=True,
-        ).encode("utf-8")).hexdigest()[:16]
+        key = hashlib.sha256(
+            json.dumps(
+                {"config": self.config_hash, "prompts": [load_prompt(n).version for n in prompt_names()]},
+                sort_keys=True,
+            ).encode("utf-8")
+        ).hexdigest()[:16]
         planted = plant_answers(conversations, self.options.judge_audit, seed=self.config.llm.seed)
         known = {(r["question_id"], r["planted"]): r for r in read_records(path) if r.get("audit_key") == key}
         todo = [p for p in planted if (p.question_id, p.planted) not in known]
@@ -508,18 +578,23 @@ class _Run:
             judge = MeteredLLM(self.models.judge, usage)
             started = time.perf_counter()
             requests = [
-                build_judge_request(p.question, p.gold, p.planted, self.options.benchmark, p.category)
-                .model_copy(update={"tag": "judge-audit"})
+                build_judge_request(p.question, p.gold, p.planted, self.options.benchmark, p.category).model_copy(
+                    update={"tag": "judge-audit"}
+                )
                 for p in todo
             ]
             rows = []
-            for p, result in zip(todo, judge.generate(requests)):
+            for p, result in zip(todo, judge.generate(requests), strict=True):
                 verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
-                rows.append({
-                    "audit_key": key, **p.model_dump(), "label": None if verdict is None else verdict.label,
-                    "reasoning": None if verdict is None else verdict.reasoning,
-                    "judge_error": None if verdict is not None else result.error or "reply is not a JudgeVerdict",
-                })
+                rows.append(
+                    {
+                        "audit_key": key,
+                        **p.model_dump(),
+                        "label": None if verdict is None else verdict.label,
+                        "reasoning": None if verdict is None else verdict.reasoning,
+                        "judge_error": None if verdict is not None else result.error or "reply is not a JudgeVerdict",
+                    }
+                )
             append_jsonl(path, rows)
             known.update({(r["question_id"], r["planted"]): r for r in rows})
             usage.wall_s, usage.units = time.perf_counter() - started, len(todo)
@@ -534,9 +609,17 @@ class _Run:
         return audit
 
     def _record(
-        self, run: SystemRun, key: str, conversation: EvalConversation, question: EvalQuestion,
-        context: SystemContext, retrieval_s: float, answer: Answer | None,
-        judged: tuple[Verdict | None, str | None, float | None], ranked: bool, turn_sessions: dict[str, str],
+        self,
+        run: SystemRun,
+        key: str,
+        conversation: EvalConversation,
+        question: EvalQuestion,
+        context: SystemContext,
+        retrieval_s: float,
+        answer: Answer | None,
+        judged: tuple[Verdict | None, str | None, float | None],
+        ranked: bool,
+        turn_sessions: dict[str, str],
     ) -> QuestionRecord:
         verdict, judge_error, judge_s = judged
         prediction = None if answer is None else answer.answer
@@ -569,8 +652,15 @@ class _Run:
             verdict=verdict,
             judge_error=judge_error,
             metrics=question_metrics(
-                self.options.benchmark, question, context, prediction, verdict, ranked, self.options.recall_ks,
-                self.config.retrieval.tuple_multiplier, turn_sessions,
+                self.options.benchmark,
+                question,
+                context,
+                prediction,
+                verdict,
+                ranked,
+                self.options.recall_ks,
+                self.config.retrieval.tuple_multiplier,
+                turn_sessions,
             ),
         )
 

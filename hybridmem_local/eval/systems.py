@@ -28,9 +28,10 @@ retrieving system, so the systems differ in what they store, not in how they sea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Callable, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import AwareDatetime, Field
 
@@ -177,7 +178,11 @@ class RetrievalSystem:
         shown_limits = self._limits()
         depth = max(self.settings.k, self.settings.recall_depth)
         result = self._retriever.search(
-            question.question, self._namespace, depth, self.retrieval.tuple_multiplier * depth, depth,
+            question.question,
+            self._namespace,
+            depth,
+            self.retrieval.tuple_multiplier * depth,
+            depth,
             candidates=self.budget is not None,
         )
         if self.settings.config.answering.evidence_turns:
@@ -376,13 +381,18 @@ def _interleave(
         for rank, hit in enumerate(hits):
             memory = hit.memory
             item = RankedItem(
-                store=store, id=memory.id, turn_ids=list(memory.source_turn_ids), provenance=memory.provenance,
+                store=store,
+                id=memory.id,
+                turn_ids=list(memory.source_turn_ids),
+                provenance=memory.provenance,
                 shown=memory.id in shown_memories,
             )
             items.append((rank // per_step[store], order, item))
     for rank, hit in enumerate(result.windows):
         window = hit.window
-        item = RankedItem(store="windows", id=window.id, turn_ids=window.turn_ids, shown=set(window.turn_ids) <= shown_turns)
+        item = RankedItem(
+            store="windows", id=window.id, turn_ids=window.turn_ids, shown=set(window.turn_ids) <= shown_turns
+        )
         items.append((rank, 2, item))
     return [item for _, _, item in sorted(items, key=lambda entry: (entry[0], entry[1]))]
 

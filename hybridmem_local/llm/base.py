@@ -7,7 +7,8 @@ curating many sessions is one ``generate`` call, not a Python loop of single cal
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -13,9 +13,10 @@ import hashlib
 import json
 import sqlite3
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from hybridmem_local.files import create_owner_only
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
@@ -83,7 +84,9 @@ class CachedLLM:
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         keys = [self.key(request) for request in requests]
-        results: list[LLMResult | None] = [self._lookup(key, request) for key, request in zip(keys, requests)]
+        results: list[LLMResult | None] = [
+            self._lookup(key, request) for key, request in zip(keys, requests, strict=True)
+        ]
         misses = [i for i, result in enumerate(results) if result is None]
         for start in range(0, len(misses), self.chunk_size):
             chunk = misses[start : start + self.chunk_size]

@@ -52,7 +52,7 @@ def loop_period(tokens: Sequence[int], max_period: int = 64, min_span: int = 48)
         span = max(2 * period, min_span)
         if n < span + period or tokens[-1] != tokens[-1 - period]:
             continue
-        if list(tokens[n - span:]) == list(tokens[n - span - period:n - period]):
+        if list(tokens[n - span :]) == list(tokens[n - span - period : n - period]):
             return period
     return None
 
@@ -74,7 +74,7 @@ class RepetitionGuard:
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         if self.prompt_tokens is None:
             self.prompt_tokens = len(input_ids)
-        generated = input_ids[self.prompt_tokens:]
+        generated = input_ids[self.prompt_tokens :]
         if not self.fired and loop_period(generated.tolist(), self.max_period, self.min_span) is not None:
             self.fired = True
         if self.fired:
@@ -95,9 +95,7 @@ class LlamaCppLLM(ChatBackend):
             import outlines
             from llama_cpp import Llama
         except ImportError as exc:
-            raise LLMError(
-                f"the llamacpp backend needs llama-cpp-python ({exc}); install the 'cpu-llm' extra"
-            ) from exc
+            raise LLMError(f"the llamacpp backend needs llama-cpp-python ({exc}); install the 'cpu-llm' extra") from exc
         gguf = find_gguf(model_path)
         self._llama = Llama(
             model_path=str(gguf),

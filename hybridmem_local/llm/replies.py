@@ -13,8 +13,8 @@ import json
 import re
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from pydantic import BaseModel, ValidationError
 
@@ -119,9 +119,10 @@ def salvage(text: str, schema: type[BaseModel]) -> tuple[BaseModel, str] | None:
     was complete (the request then fails as a cut-off reply does, and is retried)."""
     fenced = re.match(r"^```(?:json)?\s*", text)
     if fenced:
-        text = text[fenced.end():]
+        text = text[fenced.end() :]
     required_lists = [
-        name for name, spec in schema_json(schema).get("properties", {}).items()
+        name
+        for name, spec in schema_json(schema).get("properties", {}).items()
         if spec.get("type") == "array" and name in schema_json(schema).get("required", [])
     ]
     for end, closing in reversed(_cut_points(text)[-_SALVAGE_TRIES:]):
@@ -201,7 +202,12 @@ def generate_with_retries(
             schema = requests[i].output_schema
             parsed, problem = check_reply(text, schema)
             salvaged = None
-            if problem is not None and schema is not None and requests[i].salvage_partial and (reply.truncated or reply.looped):
+            if (
+                problem is not None
+                and schema is not None
+                and requests[i].salvage_partial
+                and (reply.truncated or reply.looped)
+            ):
                 salvaged = salvage(text, schema)
             if problem is None or salvaged is not None:
                 if salvaged is not None:

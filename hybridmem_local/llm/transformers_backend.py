@@ -72,7 +72,7 @@ class TransformersLLM(ChatBackend):
         completions: list[Completion | None] = [None] * len(requests)
         for _, group in groupby(sorted(range(len(requests)), key=group_key), key=group_key):
             indices = list(group)
-            for index, completion in zip(indices, self._complete_group([requests[i] for i in indices])):
+            for index, completion in zip(indices, self._complete_group([requests[i] for i in indices]), strict=True):
                 completions[index] = completion
         return completions  # type: ignore[return-value]
 
@@ -112,7 +112,7 @@ class TransformersLLM(ChatBackend):
         latency = time.perf_counter() - start
         generated = output[:, inputs["input_ids"].shape[1] :].tolist()
         completions = []
-        for row, prompt_mask in zip(generated, inputs["attention_mask"]):
+        for row, prompt_mask in zip(generated, inputs["attention_mask"], strict=True):
             stop = next((i for i, token in enumerate(row) if token in self._eos_ids), None)
             tokens = row if stop is None else row[: stop + 1]
             completions.append(

@@ -50,7 +50,6 @@ from hybridmem_local.config import LLMConfig
 from hybridmem_local.llm.base import LLMError, LLMRequest
 from hybridmem_local.llm.replies import ChatBackend, Completion, schema_json
 
-
 log = logging.getLogger(__name__)
 
 
@@ -167,7 +166,9 @@ class VLLMOfflineLLM(ChatBackend):
             error = f"vLLM {'rejected the request' if permanent else 'failed'}: {type(exc).__name__}: {exc}"
             if not permanent:
                 log.error("vllm-offline: %s", error)
-            return [Completion(error=error, permanent=permanent, latency_s=time.perf_counter() - start) for _ in requests]
+            return [
+                Completion(error=error, permanent=permanent, latency_s=time.perf_counter() - start) for _ in requests
+            ]
         latency = time.perf_counter() - start
         completions = []
         for output in outputs:

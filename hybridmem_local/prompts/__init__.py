@@ -9,7 +9,7 @@ the literal braces of JSON examples need no escaping; ``$$`` is a literal dollar
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from string import Template
 
@@ -50,7 +50,7 @@ class PromptTemplate(BaseModel):
         return messages
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_prompt(name: str) -> PromptTemplate:
     """Read ``<name>.yaml`` from this folder (cached)."""
     if not _NAME.match(name):

@@ -16,14 +16,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import AwareDatetime, Field, model_validator
 
+from hybridmem_local import __version__
 from hybridmem_local.answering import Answer
 from hybridmem_local.consolidation import ConsolidationError, ConsolidationReport, UndoReport
 from hybridmem_local.memory import Stats
@@ -36,8 +38,8 @@ from hybridmem_local.schema import (
     SearchResult,
     Session,
     StrictModel,
-    Turn,
     TupleDraft,
+    Turn,
     check_namespace,
 )
 from hybridmem_local.service.errors import (
@@ -47,6 +49,8 @@ from hybridmem_local.service.errors import (
     error_response,
     install_error_handlers,
 )
+from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, KeyRequest, Role
+from hybridmem_local.service.limits import BodyTooLarge, RateLimiter, read_body, retry_after_header
 from hybridmem_local.service.models import (
     MAX_BATCH,
     MAX_K,
@@ -56,12 +60,9 @@ from hybridmem_local.service.models import (
     MemoryOut,
     MemoryPage,
 )
-from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, KeyRequest, Role
-from hybridmem_local.service.limits import BodyTooLarge, RateLimiter, read_body, retry_after_header
 from hybridmem_local.service.state import AskTimeoutError, QueueFullError, ServiceState
 from hybridmem_local.service.worker import WorkerStatus
 from hybridmem_local.store import Event, NotFoundError, SessionRecord, StoreError
-from hybridmem_local import __version__
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("hybridmem_local.service.access")
@@ -109,12 +110,16 @@ class MemoriesIn(StrictModel):
 
 class SearchIn(StrictModel):
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
-    k: int | None = Field(default=None, ge=1, le=MAX_K, description="episodes to return (tuples: 2k); default from config")
+    k: int | None = Field(
+        default=None, ge=1, le=MAX_K, description="episodes to return (tuples: 2k); default from config"
+    )
 
 
 class AskIn(StrictModel):
     question: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
-    question_date: AwareDatetime | None = Field(default=None, description="when the question is asked (for relative dates)")
+    question_date: AwareDatetime | None = Field(
+        default=None, description="when the question is asked (for relative dates)"
+    )
     k: int | None = Field(default=None, ge=1, le=MAX_K)
 
 
@@ -196,8 +201,11 @@ class Guard:
             route = scope.get("route")
             access_log.info(
                 "%s %s %s key=%s %.1fms%s",
-                scope["method"], getattr(route, "path", None) or _unrouted(scope["path"]), status[0] if status else "-",
-                key.key_id if key is not None else "-", (time.perf_counter() - started) * 1000,
+                scope["method"],
+                getattr(route, "path", None) or _unrouted(scope["path"]),
+                status[0] if status else "-",
+                key.key_id if key is not None else "-",
+                (time.perf_counter() - started) * 1000,
                 f" query={scope.get('query_string', b'').decode('latin-1')!r}" if self.log_content else "",
             )
 
@@ -208,12 +216,15 @@ class Guard:
             # Refused unread: a client must not make the server take in what it will not accept.
             await error_response(
                 "payload_too_large",
-                f"request body of {int(declared)} bytes is over the limit of {self.max_body} bytes (service.max_body_bytes)",
+                f"request body of {int(declared)} bytes is over the limit of {self.max_body} bytes "
+                "(service.max_body_bytes)",
             )(scope, receive, send)
             return
         key = await self._authenticate(headers.get("authorization"))
         if isinstance(key, str):
-            await error_response("unauthorized", key, {"WWW-Authenticate": 'Bearer realm="hybridmem"'})(scope, receive, send)
+            await error_response("unauthorized", key, {"WWW-Authenticate": 'Bearer realm="hybridmem"'})(
+                scope, receive, send
+            )
             return
         scope.setdefault("state", {})["api_key"] = key
         wait = self.limiter.take(key.key_id)
@@ -235,9 +246,9 @@ class Guard:
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            await error_response(
-                "bad_request", f"request body is not valid UTF-8 (byte {exc.start}: {exc.reason})"
-            )(scope, receive, send)
+            await error_response("bad_request", f"request body is not valid UTF-8 (byte {exc.start}: {exc.reason})")(
+                scope, receive, send
+            )
             return
         await self.app(scope, _replay(body, receive), send)
 
@@ -291,7 +302,9 @@ def _namespace_access(role: Role) -> Callable[..., str]:
 
     def check(
         request: Request,
-        namespace: Annotated[str, Path(description="1-64 characters of A-Z a-z 0-9 _ . -, starting with a letter or digit")],
+        namespace: Annotated[
+            str, Path(description="1-64 characters of A-Z a-z 0-9 _ . -, starting with a letter or digit")
+        ],
     ) -> str:
         try:
             check_namespace(namespace)
@@ -302,7 +315,9 @@ def _namespace_access(role: Role) -> Callable[..., str]:
             # The same answer whether or not the namespace exists: a key learns nothing beyond its own.
             raise ServiceError("forbidden", f"API key {key.key_id} does not reach namespace {namespace!r}")
         if not key.allows(namespace, role):
-            raise ServiceError("forbidden", f"this route needs the {role.value} role; API key {key.key_id} has {key.role.value}")
+            raise ServiceError(
+                "forbidden", f"this route needs the {role.value} role; API key {key.key_id} has {key.role.value}"
+            )
         return namespace
 
     return check
@@ -337,8 +352,8 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
     app = FastAPI(
         title="hybridmem-local",
         version=__version__,
-        description="Offline long-term memory for dialogue agents: sessions in, curated memories, search and answers out. "
-        "Every /v1 route needs `Authorization: Bearer <key>` (see `hybridmem keys create`).",
+        description="Offline long-term memory for dialogue agents: sessions in, curated memories, "
+        "search and answers out. Every /v1 route needs `Authorization: Bearer <key>` (see `hybridmem keys create`).",
         responses=ERROR_RESPONSES,
         # The interactive docs pages load their scripts from a CDN; an offline service serves the schema only.
         docs_url=None,
@@ -373,8 +388,12 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
             raise ServiceError("conflict", str(exc)) from None
         return [
             SessionAccepted(
-                namespace=namespace, session_id=r.session.session_id, curation_status=r.curation_status,
-                status_url=str(request.url_for("get_session", namespace=namespace, session_id=r.session.session_id).path),
+                namespace=namespace,
+                session_id=r.session.session_id,
+                curation_status=r.curation_status,
+                status_url=str(
+                    request.url_for("get_session", namespace=namespace, session_id=r.session.session_id).path
+                ),
             )
             for r in records
         ]
@@ -384,13 +403,20 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
         """Store a session's raw turns (one transaction) and queue it for curation; poll ``status_url``."""
         return _enqueue(namespace, [body], request)[0]
 
-    @app.post("/v1/namespaces/{namespace}/sessions/batch", status_code=202, response_model=list[SessionAccepted], tags=["sessions"])
+    @app.post(
+        "/v1/namespaces/{namespace}/sessions/batch",
+        status_code=202,
+        response_model=list[SessionAccepted],
+        tags=["sessions"],
+    )
     def add_sessions(namespace: WriteNamespace, body: SessionBatchIn, request: Request) -> list[SessionAccepted]:
         """Store several sessions, all or none, and queue them for curation."""
         return _enqueue(namespace, body.sessions, request)
 
     @app.get("/v1/namespaces/{namespace}/sessions/{session_id}", response_model=SessionRecord, tags=["sessions"])
-    def get_session(namespace: ReadNamespace, session_id: Annotated[str, Path(min_length=1, max_length=200)]) -> SessionRecord:
+    def get_session(
+        namespace: ReadNamespace, session_id: Annotated[str, Path(min_length=1, max_length=200)]
+    ) -> SessionRecord:
         """A stored session with its turns and curation status (pending, curated, curation_failed)."""
         with memory() as m:
             return m.store.get_session(namespace, session_id)
@@ -415,7 +441,10 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
             rows = m.list(namespace, kind=query.kind, status=status, limit=query.limit + 1, offset=query.offset)
         more = len(rows) > query.limit
         return MemoryPage(
-            namespace=namespace, items=rows[: query.limit], limit=query.limit, offset=query.offset,
+            namespace=namespace,
+            items=rows[: query.limit],
+            limit=query.limit,
+            offset=query.offset,
             next_offset=query.offset + query.limit if more else None,
         )
 
@@ -457,16 +486,27 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
         with memory() as m:
             return m.search(body.query, namespace=namespace, k=body.k)
 
-    @app.post("/v1/namespaces/{namespace}/ask", response_model=Answer, tags=["reads"], responses={504: {"model": ErrorResponse}})
+    @app.post(
+        "/v1/namespaces/{namespace}/ask",
+        response_model=Answer,
+        tags=["reads"],
+        responses={504: {"model": ErrorResponse}},
+    )
     def ask(namespace: ReadNamespace, body: AskIn) -> Answer:
         """Answer a question from the namespace's memories with one LLM call; 504 after ``service.ask_timeout_s``."""
         try:
             return state.answer(body.question, namespace, body.question_date, body.k)
         except AskTimeoutError as exc:
-            raise ServiceError("timeout", str(exc) or f"no answer within {state.config.service.ask_timeout_s:g}s") from None
+            raise ServiceError(
+                "timeout", str(exc) or f"no answer within {state.config.service.ask_timeout_s:g}s"
+            ) from None
 
-    @app.get("/v1/namespaces/{namespace}/export", tags=["reads"], response_class=StreamingResponse,
-             responses={200: {"content": {"application/x-ndjson": {}}, "description": "JSONL: sessions, then memories"}})
+    @app.get(
+        "/v1/namespaces/{namespace}/export",
+        tags=["reads"],
+        response_class=StreamingResponse,
+        responses={200: {"content": {"application/x-ndjson": {}}, "description": "JSONL: sessions, then memories"}},
+    )
     def export(namespace: ReadNamespace) -> StreamingResponse:
         """The namespace as JSONL (``hybridmem import`` reads it): sessions with turns, then memories."""
         with memory() as m:
@@ -525,7 +565,9 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
         """A new key for namespaces this admin key reaches; its token is in this answer only."""
         outside = [ns for ns in body.namespaces if not admin.covers(ns)]
         if outside:
-            raise ServiceError("forbidden", f"API key {admin.key_id} cannot create keys for namespaces it does not reach: {outside}")
+            raise ServiceError(
+                "forbidden", f"API key {admin.key_id} cannot create keys for namespaces it does not reach: {outside}"
+            )
         with keys_lock:
             key, token = state.keys.create(body.namespaces, body.role, body.label)
         return KeyCreated(key=key, token=token)

@@ -94,8 +94,12 @@ def _hash(salt: bytes, secret: str) -> bytes:
 
 def _public(row: ApiKeyRow) -> ApiKey:
     return ApiKey(
-        key_id=row.key_id, role=Role(row.role), namespaces=row.namespaces, label=row.label,
-        created_at=row.created_at, revoked_at=row.revoked_at,
+        key_id=row.key_id,
+        role=Role(row.role),
+        namespaces=row.namespaces,
+        label=row.label,
+        created_at=row.created_at,
+        revoked_at=row.revoked_at,
     )
 
 
@@ -119,8 +123,14 @@ class KeyRing:
                 if self.store.get_api_key(key_id) is None:
                     break
         row = ApiKeyRow(
-            key_id=key_id, salt=salt, key_hash=_hash(salt, secret), role=request.role.value,
-            namespaces=request.namespaces, label=request.label, created_at=utcnow(), revoked_at=None,
+            key_id=key_id,
+            salt=salt,
+            key_hash=_hash(salt, secret),
+            role=request.role.value,
+            namespaces=request.namespaces,
+            label=request.label,
+            created_at=utcnow(),
+            revoked_at=None,
         )
         with self._lock:
             self.store.insert_api_key(row)

@@ -6,7 +6,7 @@ import ipaddress
 import math
 import threading
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 Receive = Callable[[], Awaitable[dict]]
 

@@ -19,9 +19,10 @@ with the HTTP API's stable code (``forbidden: ...``, ``not_found: ...``).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Annotated, AsyncIterator, Iterator, Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
 import anyio
 from fastapi import FastAPI
@@ -42,12 +43,12 @@ from hybridmem_local.schema import (
     SearchResult,
     Session,
     StrictModel,
-    Turn,
     TupleDraft,
+    Turn,
     check_namespace,
 )
-from hybridmem_local.service.models import MAX_K, MAX_QUERY_CHARS, MemoriesAdded, MemoryOut, MemoryPage
 from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, Role
+from hybridmem_local.service.models import MAX_K, MAX_QUERY_CHARS, MemoriesAdded, MemoryOut, MemoryPage
 from hybridmem_local.service.state import AskTimeoutError, QueueFullError, ServiceState
 from hybridmem_local.store import NotFoundError, StoreError
 
@@ -127,7 +128,9 @@ class BearerKeyScope:
             # Worded the same whether or not the namespace exists: a key learns nothing beyond its own.
             raise ToolError(f"forbidden: API key {key.key_id} does not reach namespace {requested!r}")
         if not key.allows(requested, role):
-            raise ToolError(f"forbidden: this tool needs the {role.value} role; API key {key.key_id} has {key.role.value}")
+            raise ToolError(
+                f"forbidden: this tool needs the {role.value} role; API key {key.key_id} has {key.role.value}"
+            )
         return requested
 
 
@@ -182,9 +185,22 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))
     def add_session(
-        session_id: Annotated[str, Field(min_length=1, max_length=200, description="Unique id of this session in the namespace.")],
-        started_at: Annotated[AwareDatetime, Field(description="When the conversation started, ISO 8601 with a time zone.")],
-        turns: Annotated[list[Turn], Field(min_length=1, description="The raw turns in order; turn ids must be unique in the namespace (prefix them with the session id).")],
+        session_id: Annotated[
+            str, Field(min_length=1, max_length=200, description="Unique id of this session in the namespace.")
+        ],
+        started_at: Annotated[
+            AwareDatetime, Field(description="When the conversation started, ISO 8601 with a time zone.")
+        ],
+        turns: Annotated[
+            list[Turn],
+            Field(
+                min_length=1,
+                description=(
+                    "The raw turns in order; turn ids must be unique in the namespace "
+                    "(prefix them with the session id)."
+                ),
+            ),
+        ],
         ctx: Context,
         namespace: NamespaceArg = None,
     ) -> SessionQueued:
@@ -203,8 +219,12 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))
     def add_memory(
         ctx: Context,
-        episodes: Annotated[list[EpisodeDraft], Field(description="Events: title, summary, details, timestamp (ISO date).")] = [],
-        tuples: Annotated[list[TupleDraft], Field(description="Facts: entity, relation, object, timestamp (ISO date), context.")] = [],
+        episodes: Annotated[
+            list[EpisodeDraft], Field(description="Events: title, summary, details, timestamp (ISO date).")
+        ] = [],  # noqa: B006 - FastMCP validates calls through a pydantic model, which copies the default
+        tuples: Annotated[
+            list[TupleDraft], Field(description="Facts: entity, relation, object, timestamp (ISO date), context.")
+        ] = [],  # noqa: B006 - as above
         namespace: NamespaceArg = None,
     ) -> MemoriesAdded:
         """Store memories you wrote yourself, right away, without waiting for curation.
@@ -222,9 +242,14 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
 
     @server.tool(annotations=reads)
     def search(
-        query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What to look up, in natural language.")],
+        query: Annotated[
+            str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What to look up, in natural language.")
+        ],
         ctx: Context,
-        k: Annotated[int | None, Field(ge=1, le=MAX_K, description="Episodes to return (facts: 2k); default from the service config.")] = None,
+        k: Annotated[
+            int | None,
+            Field(ge=1, le=MAX_K, description="Episodes to return (facts: 2k); default from the service config."),
+        ] = None,
         namespace: NamespaceArg = None,
     ) -> SearchResult:
         """Look up what the user said in earlier conversations.
@@ -241,7 +266,9 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
     def ask(
         question: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS)],
         ctx: Context,
-        question_date: Annotated[AwareDatetime | None, Field(description="When the question is asked, for relative dates ('last week').")] = None,
+        question_date: Annotated[
+            AwareDatetime | None, Field(description="When the question is asked, for relative dates ('last week').")
+        ] = None,
         k: Annotated[int | None, Field(ge=1, le=MAX_K)] = None,
         namespace: NamespaceArg = None,
     ) -> Answer:
@@ -260,7 +287,9 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
     def list_memories(
         ctx: Context,
         kind: Annotated[MemoryKind | None, Field(description="'episode' or 'tuple'; both when left out.")] = None,
-        status: Annotated[Literal["active", "superseded", "deleted", "any"], Field(description="Which memories; 'any' for all.")] = "active",
+        status: Annotated[
+            Literal["active", "superseded", "deleted", "any"], Field(description="Which memories; 'any' for all.")
+        ] = "active",
         limit: Annotated[int, Field(ge=1, le=MAX_TOOL_PAGE)] = 50,
         offset: Annotated[int, Field(ge=0, description="Where the page starts: next_offset of the previous page.")] = 0,
         namespace: NamespaceArg = None,
@@ -278,11 +307,17 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
             namespace=ns, items=rows[:limit], limit=limit, offset=offset, next_offset=offset + limit if more else None
         )
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False))
+    @server.tool(
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
+        )
+    )
     def delete_memory(
         memory_id: Annotated[int, Field(ge=1, description="The memory's id, from search or list_memories.")],
         ctx: Context,
-        reason: Annotated[str, Field(min_length=1, max_length=500, description="Why, kept in the memory's history.")] = "deleted by an agent over MCP",
+        reason: Annotated[
+            str, Field(min_length=1, max_length=500, description="Why, kept in the memory's history.")
+        ] = "deleted by an agent over MCP",
         namespace: NamespaceArg = None,
     ) -> DeletedMemory:
         """Delete one memory by id; the change is kept in its history.
@@ -331,7 +366,9 @@ def mount_mcp(app: FastAPI, state: ServiceState, *, require_auth: bool = True) -
         )
     # Stateless JSON: no server-side MCP sessions to expire or hijack; every POST is checked on its own.
     server.streamable_http_app(
-        stateless_http=True, json_response=True, transport_security=security,
+        stateless_http=True,
+        json_response=True,
+        transport_security=security,
         max_request_body_size=state.config.service.max_body_bytes,
     )
     sessions = server.session_manager

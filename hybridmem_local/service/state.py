@@ -28,12 +28,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -182,8 +182,12 @@ class ServiceState:
         if self.start_worker:
             self.worker.start()
         self._ask_pool = ThreadPoolExecutor(max_workers=ASK_THREADS, thread_name_prefix="ask")
-        log.info("service state open on %s in %.1fs (worker %s)", self.db, time.perf_counter() - started,
-                 "started" if self.start_worker else "off")
+        log.info(
+            "service state open on %s in %.1fs (worker %s)",
+            self.db,
+            time.perf_counter() - started,
+            "started" if self.start_worker else "off",
+        )
 
     def close(self) -> None:
         """Stop the worker (its batch finishes within a few seconds or is abandoned, its sessions

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -95,7 +95,9 @@ class CurationWorker:
         self._stop = threading.Event()
         self._abandoned = threading.Event()
         busy_ms = config.store.busy_timeout_ms
-        self.memory = HybridMemory(MemoryStore(db, busy_timeout_ms=busy_ms), config, embedder, _StoppableLLM(llm, self._abandoned))
+        self.memory = HybridMemory(
+            MemoryStore(db, busy_timeout_ms=busy_ms), config, embedder, _StoppableLLM(llm, self._abandoned)
+        )
         # status() is called from request threads; a connection of its own keeps its reads out
         # of the worker's transactions.
         self._status_store = MemoryStore(db, busy_timeout_ms=busy_ms)
@@ -134,8 +136,11 @@ class CurationWorker:
         self._thread.join(wait_s)
         if self._thread.is_alive():
             self._abandoned.set()
-            log.warning("curation worker: the batch in flight did not finish within %.0fs; abandoned, "
-                        "its sessions stay pending", wait_s)
+            log.warning(
+                "curation worker: the batch in flight did not finish within %.0fs; abandoned, "
+                "its sessions stay pending",
+                wait_s,
+            )
             return False
         return True
 
@@ -152,9 +157,16 @@ class CurationWorker:
         with self._status_lock:
             pending = self._status_store.count_sessions("pending")
         return WorkerStatus(
-            running=self.alive, pending=pending, batches=self._batches, sessions_curated=self._curated,
-            sessions_failed=self._failed, sessions_skipped=self._skipped, memories=self._memories,
-            consolidation_runs=self._runs, last_batch_at=self._last_batch_at, last_error=self._last_error,
+            running=self.alive,
+            pending=pending,
+            batches=self._batches,
+            sessions_curated=self._curated,
+            sessions_failed=self._failed,
+            sessions_skipped=self._skipped,
+            memories=self._memories,
+            consolidation_runs=self._runs,
+            last_batch_at=self._last_batch_at,
+            last_error=self._last_error,
         )
 
     # ------------------------------------------------------------------ work
@@ -198,8 +210,14 @@ class CurationWorker:
         self._last_batch_at = utcnow()
         log.info(
             "curation worker: batch of %d session(s) from %d namespace(s): %d curated, %d failed, %d memories, "
-            "%d LLM requests in %.1fs of model time", len(sessions), len({s.namespace for s in sessions}),
-            report.curated, report.failed, report.memories, report.usage.requests, report.usage.llm_s,
+            "%d LLM requests in %.1fs of model time",
+            len(sessions),
+            len({s.namespace for s in sessions}),
+            report.curated,
+            report.failed,
+            report.memories,
+            report.usage.requests,
+            report.usage.llm_s,
         )
         return True
 

@@ -19,13 +19,32 @@ from tests.factories import BASE_DATE
 
 PEOPLE = ["Ann", "Ben", "Cal", "Dee", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jon", "Kim", "Lou"]
 PLACES = ["Paris", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Dakar", "Bern", "Riga", "Leeds", "Turin"]
-THINGS = ["bicycle", "violin", "garden", "kayak", "novel", "camera", "telescope", "puppy", "quilt", "drone",
-          "sourdough starter", "chess set", "tent", "guitar"]
+THINGS = [
+    "bicycle",
+    "violin",
+    "garden",
+    "kayak",
+    "novel",
+    "camera",
+    "telescope",
+    "puppy",
+    "quilt",
+    "drone",
+    "sourdough starter",
+    "chess set",
+    "tent",
+    "guitar",
+]
 VERBS = ["bought", "visited", "painted", "sold", "lent", "repaired", "photographed", "borrowed"]
 
 #: Queries whose results are compared between a repaired index and a fresh rebuild.
-QUERIES = ["Who bought a kayak in Oslo?", "Which city did Eve visit?", "painted a quilt", "Gus repaired a drone",
-           "a trip to Hanoi with a camera"]
+QUERIES = [
+    "Who bought a kayak in Oslo?",
+    "Which city did Eve visit?",
+    "painted a quilt",
+    "Gus repaired a drone",
+    "a trip to Hanoi with a camera",
+]
 
 
 class CuratedSession(BaseModel):
@@ -54,22 +73,36 @@ def curated_sessions(namespace: str, count: int, seed: int = 0, first: int = 1, 
             who, verb, thing, place = rng.choice(PEOPLE), rng.choice(VERBS), rng.choice(THINGS), rng.choice(PLACES)
             lines.append((who, f"Last week I {verb} a {thing} in {place}, session {index} line {i}."))
         session = Session(
-            session_id=sid, namespace=namespace, started_at=day,
+            session_id=sid,
+            namespace=namespace,
+            started_at=day,
             turns=[Turn(turn_id=f"{sid}:{i}", speaker=who, text=text) for i, (who, text) in enumerate(lines)],
         )
         stamp = f"{day:%Y-%m-%d}"
         episodes = [
-            EpisodeDraft(title=f"{lines[i][0]}'s week", summary=lines[i][1], details=f"{lines[i][0]} said: {lines[i][1]}",
-                         timestamp=stamp, source_turn_ids=[f"{sid}:{i}"])
+            EpisodeDraft(
+                title=f"{lines[i][0]}'s week",
+                summary=lines[i][1],
+                details=f"{lines[i][0]} said: {lines[i][1]}",
+                timestamp=stamp,
+                source_turn_ids=[f"{sid}:{i}"],
+            )
             for i in (0, 1)
         ]
         tuples = []
         for i in range(4):
             who, text = lines[(i + 1) % turns]
             words = text.split()
-            tuples.append(TupleDraft(entity=who, relation=words[3], object=" ".join(words[4:8]).rstrip(","),
-                                     timestamp=stamp, context=f"said in session {index}",
-                                     source_turn_ids=[f"{sid}:{(i + 1) % turns}"]))
+            tuples.append(
+                TupleDraft(
+                    entity=who,
+                    relation=words[3],
+                    object=" ".join(words[4:8]).rstrip(","),
+                    timestamp=stamp,
+                    context=f"said in session {index}",
+                    source_turn_ids=[f"{sid}:{(i + 1) % turns}"],
+                )
+            )
         out.append(CuratedSession(session=session, episodes=episodes, tuples=tuples))
     return out
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from hybridmem_local.config import load_config
 from hybridmem_local.memory import HybridMemory
@@ -37,17 +37,24 @@ def session_states(db: Path, expected: Sequence[CuratedSession]) -> dict[tuple[s
     try:
         for item in expected:
             s = item.session
-            row = conn.execute("SELECT id, curation_status FROM sessions WHERE namespace = ? AND session_id = ?",
-                               (s.namespace, s.session_id)).fetchone()
+            row = conn.execute(
+                "SELECT id, curation_status FROM sessions WHERE namespace = ? AND session_id = ?",
+                (s.namespace, s.session_id),
+            ).fetchone()
             turn_ids = [t.turn_id for t in s.turns]
             marks = ",".join("?" * len(turn_ids))
-            turns = conn.execute(f"SELECT count(*) FROM turns WHERE namespace = ? AND turn_id IN ({marks})",
-                                 (s.namespace, *turn_ids)).fetchone()[0]
-            memories = conn.execute("SELECT count(*) FROM memories WHERE namespace = ? AND source_session_id = ?",
-                                    (s.namespace, s.session_id)).fetchone()[0]
+            turns = conn.execute(
+                f"SELECT count(*) FROM turns WHERE namespace = ? AND turn_id IN ({marks})", (s.namespace, *turn_ids)
+            ).fetchone()[0]
+            memories = conn.execute(
+                "SELECT count(*) FROM memories WHERE namespace = ? AND source_session_id = ?",
+                (s.namespace, s.session_id),
+            ).fetchone()[0]
             got = (row is not None, turns, memories)
             if row is None:
-                assert got == (False, 0, 0), f"{s.session_id}: no session row, yet {turns} turns and {memories} memories"
+                assert got == (False, 0, 0), (
+                    f"{s.session_id}: no session row, yet {turns} turns and {memories} memories"
+                )
                 states[(s.namespace, s.session_id)] = "absent"
             else:
                 assert got == (True, len(turn_ids), item.n_memories), f"{s.session_id}: partly written {got}"
@@ -71,7 +78,10 @@ def assert_consistent(db: Path, model_id: str) -> None:
                 assert target is not None, f"memory {r['id']} superseded by missing row {r['superseded_by']}"
         for r in conn.execute("SELECT DISTINCT run_id FROM events WHERE run_id IS NOT NULL"):
             assert r["run_id"] in runs, f"events of run {r['run_id']} without its run row"
-        cached = {(r[0], r[1]) for r in conn.execute("SELECT namespace, text_hash FROM embeddings WHERE model_id = ?", (model_id,))}
+        cached = {
+            (r[0], r[1])
+            for r in conn.execute("SELECT namespace, text_hash FROM embeddings WHERE model_id = ?", (model_id,))
+        }
     finally:
         conn.close()
     with HybridMemory.open(db, load_config()) as memory:
@@ -112,4 +122,3 @@ def assert_search_matches_rebuild(db: Path, embedder, namespaces: Iterable[str],
         for suffix in ("", "-wal", "-shm", ".indexes", ".llm_cache.sqlite"):
             path = Path(str(fresh) + suffix)
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-

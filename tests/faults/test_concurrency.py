@@ -47,8 +47,17 @@ def test_two_writers_and_a_reader_on_one_store_lose_nothing(zygote, minilm, tmp_
         for w in range(2)
     ]
     # Saving often makes the two writers' index saves overlap, as busy processes' saves would.
-    specs = [job("add_sessions", db, write_jsonl(batch, tmp_path / f"w{w}.jsonl"), tmp_path, f"writer{w}",
-                 saves_per_session=5) for w, batch in enumerate(batches)]
+    specs = [
+        job(
+            "add_sessions",
+            db,
+            write_jsonl(batch, tmp_path / f"w{w}.jsonl"),
+            tmp_path,
+            f"writer{w}",
+            saves_per_session=5,
+        )
+        for w, batch in enumerate(batches)
+    ]
     zygote.start(specs)
     try:
         searches = _read_until_done(db, minilm, specs, ["alice", "bob"])

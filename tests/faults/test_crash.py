@@ -9,6 +9,7 @@ rebuild. Killing *consolidation apply* is covered in ``tests/test_consolidation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -16,13 +17,14 @@ import shutil
 import signal
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from hybridmem_local.memory import HybridMemory
+from tests.fake_vllm_server import ChatServer, Sleep, curation_reply, session_key
 from tests.faults.corpus import curated_sessions, write_jsonl
 from tests.faults.invariants import (
     assert_consistent,
@@ -31,17 +33,14 @@ from tests.faults.invariants import (
     connect,
     session_states,
 )
-from tests.fake_vllm_server import ChatServer, Sleep, curation_reply, session_key
 from tests.faults.writer import error_text, job, progress_lines
 
 NAMESPACES = ("alice", "bob")
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it finished first: also a valid outcome
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:  # it finished first: also a valid outcome
-        pass
 
 
 def _copy_store(source: Path, target: Path) -> Path:
@@ -71,14 +70,18 @@ def ingest_corpus(tmp_path_factory, minilm):
     pristine = root / "pristine.db"
     with HybridMemory.open(pristine, embedder=minilm) as memory:
         for item in initial:
-            memory.add_memories(item.session.namespace, episodes=item.episodes, tuples=item.tuples, session=item.session)
+            memory.add_memories(
+                item.session.namespace, episodes=item.episodes, tuples=item.tuples, session=item.session
+            )
         for ns in NAMESPACES:
             memory.search("load and save the indexes", namespace=ns)
     return pristine, initial, later, write_jsonl(later, root / "later.jsonl")
 
 
 @pytest.mark.slow
-def test_sigkill_during_ingest_leaves_whole_sessions_and_self_repairing_indexes(zygote, minilm, ingest_corpus, tmp_path):
+def test_sigkill_during_ingest_leaves_whole_sessions_and_self_repairing_indexes(
+    zygote, minilm, ingest_corpus, tmp_path
+):
     pristine, initial, later, sessions_file = ingest_corpus
     expected = initial + later
     reference_s = 0.0  # how long the unkilled writer (seed 0) runs
@@ -146,8 +149,11 @@ class IndexFiles:
     temporary_manifest: Callable[[str], str]
 
     def files(self, folder: Path) -> dict[str, bytes]:
-        return {p.name: p.read_bytes() for p in folder.iterdir()
-                if p.is_file() and (p.name == self.manifest or self.generation_of(p.name))}
+        return {
+            p.name: p.read_bytes()
+            for p in folder.iterdir()
+            if p.is_file() and (p.name == self.manifest or self.generation_of(p.name))
+        }
 
     def generation(self, files: dict[str, bytes]) -> dict[str, bytes]:
         return {name: data for name, data in files.items() if name != self.manifest}
@@ -155,7 +161,9 @@ class IndexFiles:
 
 def _hnsw_generation(name: str) -> str | None:
     parts = name.split(".")
-    is_hnsw = name.startswith("tuple.") and not name.startswith("tuple.bm25.") and name.endswith((".hnsw", ".labels.npy"))
+    is_hnsw = (
+        name.startswith("tuple.") and not name.startswith("tuple.bm25.") and name.endswith((".hnsw", ".labels.npy"))
+    )
     return parts[1] if is_hnsw else None
 
 
@@ -260,9 +268,13 @@ def _curation_state(db: Path) -> dict:
         for s in conn.execute("SELECT id, session_id, curation_status FROM sessions ORDER BY session_id"):
             turns = conn.execute("SELECT count(*) FROM turns WHERE session_pk = ?", (s["id"],)).fetchone()[0]
             memories = [
-                tuple(r) for r in conn.execute(
-                    "SELECT kind, title, summary, details, entity, relation, object, context, timestamp, source_turn_ids "
-                    "FROM memories WHERE source_session_id = ? ORDER BY id", (s["session_id"],))
+                tuple(r)
+                for r in conn.execute(
+                    "SELECT kind, title, summary, details, entity, relation, object, context, timestamp, "
+                    "source_turn_ids "
+                    "FROM memories WHERE source_session_id = ? ORDER BY id",
+                    (s["session_id"],),
+                )
             ]
             out[s["session_id"]] = (s["curation_status"], turns, memories)
         return out
@@ -278,7 +290,9 @@ def test_sigkill_during_curation_then_rerun_ends_exactly_as_an_uninterrupted_ing
         sessions_file = write_jsonl(sessions, tmp_path / "sessions.jsonl")
         overrides = server.overrides(**CURATION_OVERRIDES)
 
-        reference_spec = job("ingest", tmp_path / "reference.db", sessions_file, tmp_path, "reference", overrides=overrides)
+        reference_spec = job(
+            "ingest", tmp_path / "reference.db", sessions_file, tmp_path, "reference", overrides=overrides
+        )
         started = time.perf_counter()
         zygote.start([reference_spec])
         assert list(zygote.wait().values()) == [0], error_text(reference_spec)

@@ -17,16 +17,20 @@ from hybridmem_local.cli import app
 from hybridmem_local.config import load_config
 from hybridmem_local.llm.base import LLMError
 from hybridmem_local.memory import HybridMemory
+from tests.fake_vllm_server import ChatServer, Hangup, Sleep, Status, curation_reply, turn_lines
 from tests.faults.corpus import curated_sessions, write_jsonl
 from tests.faults.invariants import assert_integrity
-from tests.fake_vllm_server import ChatServer, Hangup, Sleep, Status, curation_reply, turn_lines
 
 GOOD = "good"  # placeholder: a valid CurationReply for the window the request shows
 TIMEOUT_S = 0.5
 
 #: The settings every case runs with: one validation retry, one split-in-half round.
-OVERRIDES = {"llm.max_retries": 1, "llm.timeout_s": TIMEOUT_S, "curation.retry_rounds": 1,
-             "consolidation.every_n_sessions": 0}
+OVERRIDES = {
+    "llm.max_retries": 1,
+    "llm.timeout_s": TIMEOUT_S,
+    "curation.retry_rounds": 1,
+    "consolidation.every_n_sessions": 0,
+}
 
 
 def window_key(body: dict) -> str:
@@ -59,12 +63,22 @@ CASES = [
     ("hangup-always", [Hangup()], "curation_failed", "cannot reach", 6),
     ("truncated-json-then-ok", ['{"episodes": [{"title": "Ann', GOOD], "curated", None, 2),
     ("truncated-json-always", ['{"episodes": [{"title": "Ann'], "curation_failed", "does not match CurationReply", 6),
-    ("schema-invalid-always", ['{"episodes": "none", "tuples": [{"entity": 3}]}'], "curation_failed",
-     "does not match CurationReply", 6),
+    (
+        "schema-invalid-always",
+        ['{"episodes": "none", "tuples": [{"entity": 3}]}'],
+        "curation_failed",
+        "does not match CurationReply",
+        6,
+    ),
     ("not-json-always", ["Sure! Here are the memories you asked for."], "curation_failed", "Invalid JSON", 6),
     ("think-block-then-json", ["<think>The user wants memories.</think>" + "{GOOD}"], "curated", None, 1),
-    ("unterminated-think-always", ["<think>Let me think about this for a very long time"], "curation_failed",
-     "empty reply", 6),
+    (
+        "unterminated-think-always",
+        ["<think>Let me think about this for a very long time"],
+        "curation_failed",
+        "empty reply",
+        6,
+    ),
     ("empty-always", [""], "curation_failed", "empty reply", 6),
     ("empty-then-ok", ["", GOOD], "curated", None, 2),
 ]
@@ -87,8 +101,9 @@ def _open(db, server, minilm, **extra) -> HybridMemory:
 
 
 @pytest.mark.parametrize("name, steps, status, error, requests", CASES, ids=[c[0] for c in CASES])
-def test_llm_fault_ends_in_a_retry_or_a_kept_failed_session(tmp_path, minilm, server, session, name, steps, status, error,
-                                                            requests):
+def test_llm_fault_ends_in_a_retry_or_a_kept_failed_session(
+    tmp_path, minilm, server, session, name, steps, status, error, requests
+):
     if isinstance(steps[0], str) and "{GOOD}" in steps[0]:
         prefix = steps[0].replace("{GOOD}", "")
         server.respond = lambda body, attempt: prefix + curation_reply(body)
@@ -130,7 +145,9 @@ def test_retries_carry_the_validation_error_back_to_the_model(tmp_path, minilm, 
     assert "does not match CurationReply" in retry["messages"][-1]["content"]
 
 
-def test_a_server_that_goes_away_after_start_is_a_clear_error_and_a_rerun_stores_the_session(tmp_path, minilm, server, session):
+def test_a_server_that_goes_away_after_start_is_a_clear_error_and_a_rerun_stores_the_session(
+    tmp_path, minilm, server, session
+):
     db = tmp_path / "m.db"
     with _open(db, server, minilm) as memory:
         assert memory.llm.model_id  # built (and the served model checked) while the server is up
@@ -161,7 +178,9 @@ def test_an_unreachable_server_is_a_clear_error_before_anything_is_stored(tmp_pa
 def test_the_cli_reports_an_unreachable_llm_server_in_one_line(tmp_path, server, session):
     server.stop()
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"llm": {"backend": "openai-server", "model": "qwen3-8b", "base_url": server.base_url}}))
+    config.write_text(
+        yaml.safe_dump({"llm": {"backend": "openai-server", "model": "qwen3-8b", "base_url": server.base_url}})
+    )
     sessions = write_jsonl([session], tmp_path / "s.jsonl")
     result = CliRunner().invoke(app, ["ingest", str(sessions), "--db", str(tmp_path / "m.db"), "--config", str(config)])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), repr(result.exception)
@@ -175,8 +194,16 @@ def test_memories_written_without_content_are_left_out_and_counted(tmp_path, min
     def with_an_empty_tuple(body: dict, attempt: int) -> str:
         reply = json.loads(curation_reply(body))
         first = turn_lines(body)[0][0]
-        reply["tuples"].append({"entity": first, "relation": first, "object": first, "timestamp": "2023-05-08",
-                                "context": "", "source_turn_ids": [first]})
+        reply["tuples"].append(
+            {
+                "entity": first,
+                "relation": first,
+                "object": first,
+                "timestamp": "2023-05-08",
+                "context": "",
+                "source_turn_ids": [first],
+            }
+        )
         return json.dumps(reply)
 
     server.respond = with_an_empty_tuple

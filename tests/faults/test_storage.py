@@ -27,8 +27,10 @@ def rows(db: Path) -> dict[str, list]:
     """Every row of the tables that hold user data (compared before and after a fault)."""
     conn = sqlite3.connect(db)
     try:
-        return {table: conn.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
-                for table in ("sessions", "turns", "memories", "events", "embeddings")}
+        return {
+            table: conn.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+            for table in ("sessions", "turns", "memories", "events", "embeddings")
+        }
     finally:
         conn.close()
 
@@ -47,7 +49,9 @@ def tmpfs(tmp_path):
     """A 1 MiB tmpfs, or a skip where mounting is not allowed (not root)."""
     mount = tmp_path / "small"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); needs root")
     yield mount
@@ -102,7 +106,9 @@ def test_a_filling_disk_stops_ingest_with_sqlites_error_and_keeps_every_committe
         assert memory.store.integrity_check() == "ok"
     assert 0 < len(written) < len(items)
     states = session_states(db, items)
-    assert [states[("alice", c.session.session_id)] for c in items] == ["present"] * len(written) + ["absent"] * (len(items) - len(written))
+    assert [states[("alice", c.session.session_id)] for c in items] == ["present"] * len(written) + ["absent"] * (
+        len(items) - len(written)
+    )
 
 
 def test_the_cli_reports_a_full_disk_in_one_line(tmpfs, tmp_path):
@@ -149,9 +155,11 @@ def read_only_store(tmp_path, minilm, request):
 
 def test_a_read_only_store_is_a_clear_error_and_stays_intact(read_only_store, minilm):
     db, items, make_writable = read_only_store
-    with pytest.raises((StoreError, OSError), match=r"(?i)read-only|permission denied|readonly") as caught:
-        with HybridMemory.open(db, embedder=minilm) as memory:
-            _add(memory, items[1])
+    with (
+        pytest.raises((StoreError, OSError), match=r"(?i)read-only|permission denied|readonly") as caught,
+        HybridMemory.open(db, embedder=minilm) as memory,
+    ):
+        _add(memory, items[1])
     assert str(db) in str(caught.value) or getattr(caught.value, "filename", None) == str(db)
     make_writable()
     assert_integrity(db)

@@ -18,6 +18,7 @@ itself (a pool inherited across ``fork`` could deadlock). Jobs:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -119,10 +120,14 @@ class Zygote:
     (negative: killed by that signal)."""
 
     def __init__(self, log_path: Path, ready_timeout_s: float = 180):
-        self._log = open(log_path, "w")
+        self._log = open(log_path, "w")  # noqa: SIM115 - the zygote's stderr for its whole life; close() shuts it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.writer"], cwd=REPO, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._log, text=True,
+            [sys.executable, "-m", "tests.faults.writer"],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
         )
         self._lines: queue.Queue[str] = queue.Queue()
         self._running: list[int] = []
@@ -142,10 +147,8 @@ class Zygote:
     def start(self, specs: list[dict]) -> list[int]:
         if self._running:  # a failed test left writers behind: end them first
             for pid in self._running:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             self.wait()
         self.proc.stdin.write(json.dumps(specs) + "\n")
         self.proc.stdin.flush()
@@ -165,8 +168,14 @@ class Zygote:
 
 def job(kind: str, db: Path, sessions: Path, workdir: Path, name: str, **extra) -> dict:
     """A job spec whose progress and error files live in ``workdir`` under ``name``."""
-    return {"job": kind, "db": str(db), "sessions": str(sessions), "progress": str(workdir / f"{name}.progress"),
-            "error": str(workdir / f"{name}.error"), **extra}
+    return {
+        "job": kind,
+        "db": str(db),
+        "sessions": str(sessions),
+        "progress": str(workdir / f"{name}.progress"),
+        "error": str(workdir / f"{name}.error"),
+        **extra,
+    }
 
 
 def progress_lines(spec: dict) -> list[str]:

@@ -10,11 +10,12 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import uvicorn
@@ -56,7 +57,9 @@ def live_service(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(state, require_auth=require_auth), log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(state, require_auth=require_auth), log_level="warning", lifespan="on")
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -81,8 +84,11 @@ def store_snapshot(db: Path) -> dict[str, str]:
     try:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
         return {
-            table: hashlib.sha256(repr(conn.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()).encode()).hexdigest()
-            for table in tables if table != "sqlite_sequence"
+            table: hashlib.sha256(
+                repr(conn.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()).encode()
+            ).hexdigest()
+            for table in tables
+            if table != "sqlite_sequence"
         }
     finally:
         conn.close()

@@ -23,7 +23,9 @@ class ThreadedServer:
     def __init__(self, app):
         import uvicorn
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
+        )
         self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
     def __enter__(self) -> ThreadedServer:
@@ -59,9 +61,17 @@ class ServeProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
-        command = [str(Path(sys.executable).parent / "hybridmem"), "serve", "--db", str(db), "--port", str(self.port),
-                   "--no-auth", *sets]
-        self._log = open(log, "ab")
+        command = [
+            str(Path(sys.executable).parent / "hybridmem"),
+            "serve",
+            "--db",
+            str(db),
+            "--port",
+            str(self.port),
+            "--no-auth",
+            *sets,
+        ]
+        self._log = open(log, "ab")  # noqa: SIM115 - the server's output for its whole life; stop() closes it
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         self.log_path = log
@@ -69,7 +79,9 @@ class ServeProcess:
     def wait_ready(self, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"serve exited {self.process.returncode}:\n{self.log_path.read_text()[-3000:]}"
+            assert self.process.poll() is None, (
+                f"serve exited {self.process.returncode}:\n{self.log_path.read_text()[-3000:]}"
+            )
             try:
                 if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
                     return

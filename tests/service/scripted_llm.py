@@ -24,8 +24,15 @@ def respond(body: dict, attempt: int) -> str:
 def llm_settings(server: ChatServer, **extra: Any) -> dict[str, Any]:
     """Dotted config keys: the LLM server answering in constrained JSON (as configs/vllm-server.yaml),
     no retries, no scheduled consolidation, a quick worker, no rate limit in the way of tests that poll."""
-    return server.overrides(**{
-        "answering.mode": "json", "llm.max_retries": 0, "curation.retry_rounds": 0, "consolidation.every_n_sessions": 0,
-        "service.worker_poll_s": 0.1, "service.rate_limit_per_s": 1000.0, "service.rate_limit_burst": 1000,
-        **extra,
-    })
+    return server.overrides(
+        **{
+            "answering.mode": "json",
+            "llm.max_retries": 0,
+            "curation.retry_rounds": 0,
+            "consolidation.every_n_sessions": 0,
+            "service.worker_poll_s": 0.1,
+            "service.rate_limit_per_s": 1000.0,
+            "service.rate_limit_burst": 1000,
+            **extra,
+        }
+    )

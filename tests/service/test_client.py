@@ -17,7 +17,7 @@ import pytest
 import hybridmem_local.client as client_module
 from hybridmem_local.answering import Answer
 from hybridmem_local.client import HybridMemoryClient, ServiceError
-from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple, SearchResult, Session, Turn, TupleDraft
+from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple, SearchResult, Session, TupleDraft, Turn
 from hybridmem_local.service.state import AskTimeoutError, QueueFullError
 from hybridmem_local.store import Event, NotFoundError, SessionRecord
 from tests.fake_vllm_server import ChatServer, Sleep
@@ -27,10 +27,18 @@ from tests.service.scripted_llm import ANSWER, llm_settings, respond
 QUESTION = "What is the name of Alice's puppy?"
 STARTED_AT = datetime(2023, 5, 7, 10, 0, tzinfo=timezone.utc)
 EPISODES = [
-    EpisodeDraft(title="Biscuit", summary="Alice adopted a puppy", details="Alice adopted a beagle puppy named Biscuit.",
-                 timestamp="2023-05-05"),
-    EpisodeDraft(title="Riverside 10K", summary="Bob ran a race", details="Bob ran the Riverside 10K in 52 minutes.",
-                 timestamp="2023-05-07"),
+    EpisodeDraft(
+        title="Biscuit",
+        summary="Alice adopted a puppy",
+        details="Alice adopted a beagle puppy named Biscuit.",
+        timestamp="2023-05-05",
+    ),
+    EpisodeDraft(
+        title="Riverside 10K",
+        summary="Bob ran a race",
+        details="Bob ran the Riverside 10K in 52 minutes.",
+        timestamp="2023-05-07",
+    ),
 ]
 TUPLES = [
     TupleDraft(entity="Alice", relation="adopted", object="Biscuit the beagle", timestamp="2023-05-05"),
@@ -40,10 +48,15 @@ TUPLES = [
 
 
 def session(session_id: str, namespace: str = "alice") -> Session:
-    return Session(session_id=session_id, namespace=namespace, started_at=STARTED_AT, turns=[
-        Turn(turn_id=f"{session_id}:0", speaker="Alice", text="We moved to a flat on Oak Avenue last week."),
-        Turn(turn_id=f"{session_id}:1", speaker="Bob", text="Nice! Is there room for Biscuit to run around?"),
-    ])
+    return Session(
+        session_id=session_id,
+        namespace=namespace,
+        started_at=STARTED_AT,
+        turns=[
+            Turn(turn_id=f"{session_id}:0", speaker="Alice", text="We moved to a flat on Oak Avenue last week."),
+            Turn(turn_id=f"{session_id}:1", speaker="Bob", text="Nice! Is there room for Biscuit to run around?"),
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +68,9 @@ def chat_server():
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, minilm, chat_server):
-    with live_service(tmp_path_factory.mktemp("client") / "memory.db", minilm, None, **llm_settings(chat_server)) as svc:
+    with live_service(
+        tmp_path_factory.mktemp("client") / "memory.db", minilm, None, **llm_settings(chat_server)
+    ) as svc:
         yield svc
 
 
@@ -123,8 +138,9 @@ def test_every_method_returns_what_the_library_returns_in_process(service, token
 
 def test_delete_and_export_match_the_store(service, tokens, tmp_path):
     with HybridMemoryClient(service.url, api_key=tokens["write"]) as client:
-        [memory_id] = client.add_memories("alice", tuples=[TupleDraft(entity="Bob", relation="likes", object="tea",
-                                                                       timestamp="2023-06-01")])
+        [memory_id] = client.add_memories(
+            "alice", tuples=[TupleDraft(entity="Bob", relation="likes", object="tea", timestamp="2023-06-01")]
+        )
         assert client.delete(memory_id, namespace="alice") is None
         deleted = client.get(memory_id, namespace="alice")
         assert deleted.status == "deleted"
@@ -141,7 +157,10 @@ def test_errors_come_back_as_the_library_exceptions(service, tokens, tmp_path):
     with HybridMemoryClient(service.url, api_key=tokens["write"]) as client:
         with pytest.raises(NotFoundError) as missing:
             client.get(10**12, namespace="alice")
-        assert isinstance(missing.value, ServiceError) and (missing.value.code, missing.value.status) == ("not_found", 404)
+        assert isinstance(missing.value, ServiceError) and (missing.value.code, missing.value.status) == (
+            "not_found",
+            404,
+        )
         with pytest.raises(ValueError) as invalid:
             client.search(QUESTION, namespace="alice", k=0)
         assert invalid.value.code == "validation_error" and invalid.value.status == 422 and "k" in invalid.value.message
@@ -182,8 +201,15 @@ def test_errors_come_back_as_the_library_exceptions(service, tokens, tmp_path):
 
 def test_a_full_queue_a_rate_limit_and_a_slow_answer_raise_their_own_errors(tmp_path, minilm):
     slow = ChatServer(lambda body, attempt: Sleep(3.0, respond(body, attempt)))
-    settings = llm_settings(slow, **{"service.max_pending_sessions": 1, "service.rate_limit_per_s": 0.01,
-                                     "service.rate_limit_burst": 3, "service.ask_timeout_s": 0.5})
+    settings = llm_settings(
+        slow,
+        **{
+            "service.max_pending_sessions": 1,
+            "service.rate_limit_per_s": 0.01,
+            "service.rate_limit_burst": 3,
+            "service.ask_timeout_s": 0.5,
+        },
+    )
     try:
         with live_service(tmp_path / "memory.db", minilm, None, start_worker=False, **settings) as svc:
             _, writer = svc.state.keys.create(["alice"], "write")

@@ -1,6 +1,7 @@
 """The service on the embedded default, for real: uvicorn on 127.0.0.1, the curation worker on
-the default LLM (Qwen2.5-Coder-1.5B on llama.cpp), MiniLM, and the Python client. The other service tests stand a scripted
-``vllm serve`` in for the LLM to control timing and replies; this one checks the real stack joins up.
+the default LLM (Qwen2.5-Coder-1.5B on llama.cpp), MiniLM, and the Python client. The other
+service tests stand a scripted ``vllm serve`` in for the LLM to control timing and replies;
+this one checks the real stack joins up.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import time
 
 import pytest
 
+from hybridmem_local.cli import DEMO_SESSIONS
 from hybridmem_local.client import HybridMemoryClient
 from hybridmem_local.ingest import read_sessions_jsonl
-from hybridmem_local.cli import DEMO_SESSIONS
 from hybridmem_local.service.keys import Role
 from tests.service.http_harness import live_service
 

@@ -72,7 +72,9 @@ def assert_accepted_are_whole(db: Path, accepted: set[tuple[str, str]]) -> dict[
     counts = {"pending": 0, "curated": 0}
     for key, (status, turns, memories, distinct) in rows.items():
         assert turns == TURNS, f"{key}: {turns} turns"
-        assert (status, memories) in (("pending", 0), ("curated", MEMORIES_PER_SESSION)), f"{key}: {status}, {memories} memories"
+        assert (status, memories) in (("pending", 0), ("curated", MEMORIES_PER_SESSION)), (
+            f"{key}: {status}, {memories} memories"
+        )
         assert distinct == memories, f"{key}: a memory is stored twice"
         counts[status] += 1
     return counts
@@ -117,8 +119,12 @@ def test_sigkill_while_queued_and_mid_batch_loses_nothing_and_curates_each_sessi
 
         # 2. Restart; kill again once a batch is committed and the next one is inside the LLM.
         server = start(2)
-        wait_until(lambda: assert_accepted_are_whole(db, accepted)["curated"] > first["curated"], 60, "a batch to commit",
-                   server)
+        wait_until(
+            lambda: assert_accepted_are_whole(db, accepted)["curated"] > first["curated"],
+            60,
+            "a batch to commit",
+            server,
+        )
         sent = len(llm.requests)
         wait_until(lambda: len(llm.requests) > sent, 30, "the next batch to reach the LLM")
         server.kill()

@@ -41,12 +41,24 @@ ROUTES = [
     Route(Role.read, "GET", "/v1/namespaces/{ns}/sessions/nope", allowed=frozenset({404})),
     Route(Role.read, "GET", "/v1/namespaces/{ns}/export", allowed=frozenset({200, 404})),
     Route(Role.write, "DELETE", "/v1/namespaces/{ns}/memories/999999", allowed=frozenset({404})),
-    Route(Role.write, "POST", "/v1/namespaces/{ns}/memories",
-          {"tuples": [{"entity": "A", "relation": "r", "object": "B", "timestamp": "2023", "source_turn_ids": ["no:such"]}]},
-          allowed=frozenset({422})),
-    Route(Role.write, "POST", "/v1/namespaces/{ns}/sessions/batch",
-          {"sessions": [session_body("twice", ["hello"]), session_body("twice", ["hello again"], prefix="other")]},
-          allowed=frozenset({409})),
+    Route(
+        Role.write,
+        "POST",
+        "/v1/namespaces/{ns}/memories",
+        {
+            "tuples": [
+                {"entity": "A", "relation": "r", "object": "B", "timestamp": "2023", "source_turn_ids": ["no:such"]}
+            ]
+        },
+        allowed=frozenset({422}),
+    ),
+    Route(
+        Role.write,
+        "POST",
+        "/v1/namespaces/{ns}/sessions/batch",
+        {"sessions": [session_body("twice", ["hello"]), session_body("twice", ["hello again"], prefix="other")]},
+        allowed=frozenset({409}),
+    ),
     Route(Role.admin, "POST", "/v1/namespaces/{ns}/consolidation-runs/999999/undo", allowed=frozenset({404})),
     Route(Role.admin, "DELETE", "/v1/keys/ffffffff", allowed=frozenset({404})),
     Route(Role.admin, "GET", "/v1/keys"),
@@ -55,11 +67,18 @@ ROUTES = [
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, minilm):
-    with live_service(tmp_path_factory.mktemp("auth") / "memory.db", minilm, None, start_worker=False,
-                      **{"service.rate_limit_per_s": 1000.0, "service.rate_limit_burst": 1000}) as svc:
+    with live_service(
+        tmp_path_factory.mktemp("auth") / "memory.db",
+        minilm,
+        None,
+        start_worker=False,
+        **{"service.rate_limit_per_s": 1000.0, "service.rate_limit_burst": 1000},
+    ) as svc:
         with svc.state.memory() as memory:
             for ns in EXISTING:
-                memory.add_memories(ns, tuples=[TupleDraft(entity="Bob", relation="ran", object="a 10K", timestamp="2023-05-07")])
+                memory.add_memories(
+                    ns, tuples=[TupleDraft(entity="Bob", relation="ran", object="a 10K", timestamp="2023-05-07")]
+                )
         yield svc
 
 
@@ -149,8 +168,11 @@ def test_admin_routes_refuse_read_and_write_keys_and_admins_of_other_namespaces(
         ("POST", f"/v1/namespaces/{ns}/consolidate", {"dry_run": True}),
         ("POST", f"/v1/namespaces/{ns}/consolidation-runs/1/undo", None),
     ]
-    key_routes = [("GET", "/v1/keys", None), ("POST", "/v1/keys", {"namespaces": [ns], "role": "read"}),
-                  ("DELETE", "/v1/keys/ffffffff", None)]
+    key_routes = [
+        ("GET", "/v1/keys", None),
+        ("POST", "/v1/keys", {"namespaces": [ns], "role": "read"}),
+        ("DELETE", "/v1/keys/ffffffff", None),
+    ]
     before = store_snapshot(service.db)
     with service.client() as client:
         for who, token in tokens.items():

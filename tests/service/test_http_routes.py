@@ -26,15 +26,29 @@ from tests.tiny_model import tiny_transformers_llm
 FAST = {"service.rate_limit_per_s": 1000.0, "service.rate_limit_burst": 1000}
 
 EPISODES = [
-    {"title": "Biscuit", "summary": "Alice adopted a puppy", "details": "Alice adopted a beagle puppy named Biscuit.",
-     "timestamp": "2023-05-05"},
-    {"title": "Riverside 10K", "summary": "Bob ran a race", "details": "Bob ran the Riverside 10K in 52 minutes.",
-     "timestamp": "2023-05-07"},
+    {
+        "title": "Biscuit",
+        "summary": "Alice adopted a puppy",
+        "details": "Alice adopted a beagle puppy named Biscuit.",
+        "timestamp": "2023-05-05",
+    },
+    {
+        "title": "Riverside 10K",
+        "summary": "Bob ran a race",
+        "details": "Bob ran the Riverside 10K in 52 minutes.",
+        "timestamp": "2023-05-07",
+    },
 ]
 TUPLES = [
     {"entity": "Alice", "relation": "adopted", "object": "Biscuit the beagle", "timestamp": "2023-05-05"},
     {"entity": "Bob", "relation": "ran", "object": "the Riverside 10K", "timestamp": "2023-05-07"},
-    {"entity": "Alice", "relation": "moved to", "object": "Oak Avenue", "timestamp": "2023-05-29", "context": "new flat"},
+    {
+        "entity": "Alice",
+        "relation": "moved to",
+        "object": "Oak Avenue",
+        "timestamp": "2023-05-29",
+        "context": "new flat",
+    },
 ]
 
 
@@ -84,8 +98,12 @@ def test_a_session_is_stored_at_once_and_curated_by_the_worker(service, tokens):
         answered_in = time.perf_counter() - started
         assert response.status_code == 202, response.text
         accepted = response.json()
-        assert accepted == {"namespace": "alice", "session_id": "s1", "curation_status": "pending",
-                            "status_url": "/v1/namespaces/alice/sessions/s1"}
+        assert accepted == {
+            "namespace": "alice",
+            "session_id": "s1",
+            "curation_status": "pending",
+            "status_url": "/v1/namespaces/alice/sessions/s1",
+        }
         record = SessionRecord.model_validate(wait_for_curation(client, accepted["status_url"]))
     # The raw turns are stored as sent, and the worker reached a verdict (the tiny model may fail).
     assert [t.text for t in record.session.turns] == [t["text"] for t in body["turns"]]
@@ -95,12 +113,16 @@ def test_a_session_is_stored_at_once_and_curated_by_the_worker(service, tokens):
 
 def test_a_batch_is_stored_all_or_nothing(service, tokens):
     with service.client(tokens["write"]) as client:
-        ok = client.post("/v1/namespaces/alice/sessions/batch",
-                         json={"sessions": [session_body("b1", ["one"]), session_body("b2", ["two"])]})
+        ok = client.post(
+            "/v1/namespaces/alice/sessions/batch",
+            json={"sessions": [session_body("b1", ["one"]), session_body("b2", ["two"])]},
+        )
         assert ok.status_code == 202, ok.text
         assert [a["session_id"] for a in ok.json()] == ["b1", "b2"]
-        clash = client.post("/v1/namespaces/alice/sessions/batch",
-                            json={"sessions": [session_body("b3", ["three"]), session_body("b1", ["again"], prefix="x")]})
+        clash = client.post(
+            "/v1/namespaces/alice/sessions/batch",
+            json={"sessions": [session_body("b3", ["three"]), session_body("b1", ["again"], prefix="x")]},
+        )
         assert clash.status_code == 409 and clash.json()["error"]["code"] == "conflict"
         assert "b1" in clash.json()["error"]["message"]
         assert client.get("/v1/namespaces/alice/sessions/b3").status_code == 404  # b3 was not kept either
@@ -127,15 +149,24 @@ def test_memories_get_list_in_pages_delete_and_history(service, tokens, memory_i
         deleted = client.delete(f"/v1/namespaces/alice/memories/{victim}")
         assert deleted.status_code == 200 and deleted.json()["status"] == "deleted"
         active = [m["id"] for m in client.get("/v1/namespaces/alice/memories", params={"limit": 1000}).json()["items"]]
-        every = [m["id"] for m in client.get("/v1/namespaces/alice/memories", params={"limit": 1000, "status": "any"}).json()["items"]]
+        every = [
+            m["id"]
+            for m in client.get("/v1/namespaces/alice/memories", params={"limit": 1000, "status": "any"}).json()[
+                "items"
+            ]
+        ]
         assert victim not in active and victim in every
-        history = [Event.model_validate(e) for e in client.get(f"/v1/namespaces/alice/memories/{victim}/history").json()]
+        history = [
+            Event.model_validate(e) for e in client.get(f"/v1/namespaces/alice/memories/{victim}/history").json()
+        ]
         assert [e.action for e in history] == ["add", "deleted"]
 
 
 def test_search_finds_what_was_added(service, tokens, memory_ids):
     with service.client(tokens["read"]) as client:
-        response = client.post("/v1/namespaces/alice/search", json={"query": "What is the name of Alice's puppy?", "k": 1})
+        response = client.post(
+            "/v1/namespaces/alice/search", json={"query": "What is the name of Alice's puppy?", "k": 1}
+        )
     assert response.status_code == 200, response.text
     result = SearchResult.model_validate(response.json())
     assert result.episodes[0].memory.id == memory_ids[0]
@@ -144,8 +175,10 @@ def test_search_finds_what_was_added(service, tokens, memory_ids):
 
 def test_ask_answers_from_the_namespace_with_an_llm(service, tokens, memory_ids):
     with service.client(tokens["read"]) as client:
-        response = client.post("/v1/namespaces/alice/ask",
-                               json={"question": "What is the puppy called?", "question_date": "2023-06-01T09:00:00Z", "k": 2})
+        response = client.post(
+            "/v1/namespaces/alice/ask",
+            json={"question": "What is the puppy called?", "question_date": "2023-06-01T09:00:00Z", "k": 2},
+        )
     assert response.status_code == 200, response.text
     answer = Answer.model_validate(response.json())
     assert answer.question == "What is the puppy called?"
@@ -237,13 +270,26 @@ def test_openapi_schema_is_valid_and_lists_every_route(service):
     routes = {(method.upper(), path) for path, item in schema["paths"].items() for method in item}
     ns = "/v1/namespaces/{namespace}"
     assert routes >= {
-        ("GET", "/healthz"), ("GET", "/readyz"),
-        ("POST", f"{ns}/sessions"), ("POST", f"{ns}/sessions/batch"), ("GET", f"{ns}/sessions/{{session_id}}"),
-        ("POST", f"{ns}/memories"), ("GET", f"{ns}/memories"), ("GET", f"{ns}/memories/{{memory_id}}"),
-        ("DELETE", f"{ns}/memories/{{memory_id}}"), ("GET", f"{ns}/memories/{{memory_id}}/history"),
-        ("POST", f"{ns}/search"), ("POST", f"{ns}/ask"), ("GET", f"{ns}/export"), ("GET", f"{ns}/stats"),
-        ("DELETE", ns), ("POST", f"{ns}/consolidate"), ("POST", f"{ns}/consolidation-runs/{{run_id}}/undo"),
-        ("GET", "/v1/keys"), ("POST", "/v1/keys"), ("DELETE", "/v1/keys/{key_id}"),
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("POST", f"{ns}/sessions"),
+        ("POST", f"{ns}/sessions/batch"),
+        ("GET", f"{ns}/sessions/{{session_id}}"),
+        ("POST", f"{ns}/memories"),
+        ("GET", f"{ns}/memories"),
+        ("GET", f"{ns}/memories/{{memory_id}}"),
+        ("DELETE", f"{ns}/memories/{{memory_id}}"),
+        ("GET", f"{ns}/memories/{{memory_id}}/history"),
+        ("POST", f"{ns}/search"),
+        ("POST", f"{ns}/ask"),
+        ("GET", f"{ns}/export"),
+        ("GET", f"{ns}/stats"),
+        ("DELETE", ns),
+        ("POST", f"{ns}/consolidate"),
+        ("POST", f"{ns}/consolidation-runs/{{run_id}}/undo"),
+        ("GET", "/v1/keys"),
+        ("POST", "/v1/keys"),
+        ("DELETE", "/v1/keys/{key_id}"),
     }
     error = schema["components"]["schemas"]["ErrorResponse"]
     assert error["required"] == ["error"]
@@ -251,7 +297,10 @@ def test_openapi_schema_is_valid_and_lists_every_route(service):
 
 def test_access_log_names_route_status_and_key_but_no_text(service, tokens, caplog):
     secret_text = "my bank PIN is 4711"
-    with caplog.at_level(logging.INFO, logger="hybridmem_local.service.access"), service.client(tokens["write"]) as client:
+    with (
+        caplog.at_level(logging.INFO, logger="hybridmem_local.service.access"),
+        service.client(tokens["write"]) as client,
+    ):
         client.post("/v1/namespaces/alice/search", json={"query": secret_text}).raise_for_status()
         client.get("/v1/namespaces/alice/memories", params={"kind": "episode"}).raise_for_status()
     lines = [r.getMessage() for r in caplog.records if r.name == "hybridmem_local.service.access"]
@@ -260,8 +309,13 @@ def test_access_log_names_route_status_and_key_but_no_text(service, tokens, capl
 
 
 def test_rate_limit_answers_429_with_retry_after(tmp_path, minilm, tiny_llm):
-    with live_service(tmp_path / "memory.db", minilm, tiny_llm, start_worker=False,
-                      **{"service.rate_limit_per_s": 1.0, "service.rate_limit_burst": 3}) as svc:
+    with live_service(
+        tmp_path / "memory.db",
+        minilm,
+        tiny_llm,
+        start_worker=False,
+        **{"service.rate_limit_per_s": 1.0, "service.rate_limit_burst": 3},
+    ) as svc:
         token = svc.state.keys.create(["alice"], "read")[1]
         other = svc.state.keys.create(["alice"], "read")[1]
         with svc.client(token) as client, svc.client(other) as neighbour:
@@ -277,13 +331,16 @@ def test_rate_limit_answers_429_with_retry_after(tmp_path, minilm, tiny_llm):
 
 
 def test_a_full_queue_answers_503_and_stores_nothing(tmp_path, minilm, tiny_llm):
-    with live_service(tmp_path / "memory.db", minilm, tiny_llm, start_worker=False,
-                      **{"service.max_pending_sessions": 2}) as svc:
+    with live_service(
+        tmp_path / "memory.db", minilm, tiny_llm, start_worker=False, **{"service.max_pending_sessions": 2}
+    ) as svc:
         token = svc.state.keys.create(["alice"], "write")[1]
         with svc.client(token) as client:
             assert client.post("/v1/namespaces/alice/sessions", json=session_body("q1", ["one"])).status_code == 202
-            full = client.post("/v1/namespaces/alice/sessions/batch",
-                               json={"sessions": [session_body("q2", ["two"]), session_body("q3", ["three"])]})
+            full = client.post(
+                "/v1/namespaces/alice/sessions/batch",
+                json={"sessions": [session_body("q2", ["two"]), session_body("q3", ["three"])]},
+            )
             assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
             assert "max_pending_sessions" in full.json()["error"]["message"]
             assert client.get("/v1/namespaces/alice/sessions/q2").status_code == 404
@@ -291,8 +348,9 @@ def test_a_full_queue_answers_503_and_stores_nothing(tmp_path, minilm, tiny_llm)
 
 
 def test_ask_answers_504_when_the_llm_stays_busy(tmp_path, minilm, tiny_llm):
-    with live_service(tmp_path / "memory.db", minilm, tiny_llm, start_worker=False,
-                      **{"service.ask_timeout_s": 0.5}) as svc:
+    with live_service(
+        tmp_path / "memory.db", minilm, tiny_llm, start_worker=False, **{"service.ask_timeout_s": 0.5}
+    ) as svc:
         token = svc.state.keys.create(["alice"], "read")[1]
         with svc.state.llm.lock, svc.client(token) as client:  # the LLM busy (as if curating) all along
             started = time.perf_counter()
@@ -303,11 +361,13 @@ def test_ask_answers_504_when_the_llm_stays_busy(tmp_path, minilm, tiny_llm):
 
 
 def test_no_auth_mode_serves_without_a_key(tmp_path, minilm, tiny_llm):
-    with live_service(tmp_path / "memory.db", minilm, tiny_llm, start_worker=False, require_auth=False) as svc:
-        with svc.client() as client:
-            response = client.post("/v1/namespaces/anyone/memories", json={"tuples": [TUPLES[0]]})
-            assert response.status_code == 201, response.text
-            assert client.get("/v1/keys").status_code == 200
+    with (
+        live_service(tmp_path / "memory.db", minilm, tiny_llm, start_worker=False, require_auth=False) as svc,
+        svc.client() as client,
+    ):
+        response = client.post("/v1/namespaces/anyone/memories", json={"tuples": [TUPLES[0]]})
+        assert response.status_code == 201, response.text
+        assert client.get("/v1/keys").status_code == 200
 
 
 @pytest.mark.slow
@@ -316,7 +376,9 @@ def test_ask_with_the_default_smollm2(tmp_path, minilm):
     with live_service(tmp_path / "memory.db", minilm, None, start_worker=False) as svc:
         token = svc.state.keys.create(["alice"], "write")[1]
         with svc.client(token) as client:
-            client.post("/v1/namespaces/alice/memories", json={"episodes": EPISODES, "tuples": TUPLES}).raise_for_status()
+            client.post(
+                "/v1/namespaces/alice/memories", json={"episodes": EPISODES, "tuples": TUPLES}
+            ).raise_for_status()
             response = client.post("/v1/namespaces/alice/ask", json={"question": "What is the name of Alice's puppy?"})
     assert response.status_code == 200, response.text
     answer = Answer.model_validate(response.json())

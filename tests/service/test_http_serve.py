@@ -52,11 +52,20 @@ def test_serve_binds_loopback_by_default_and_answers(tmp_path):
         port = probe.getsockname()[1]
     db = tmp_path / "memory.db"
     hybridmem = Path(sys.executable).with_name("hybridmem")
-    created = subprocess.run([str(hybridmem), "keys", "create", "-n", "alice", "--role", "read", "--db", str(db)],
-                             capture_output=True, text=True, check=True)
+    created = subprocess.run(
+        [str(hybridmem), "keys", "create", "-n", "alice", "--role", "read", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     token = created.stdout.strip().splitlines()[-1]
-    server = subprocess.Popen([str(hybridmem), "serve", "--db", str(db), "--port", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
+    server = subprocess.Popen(
+        [str(hybridmem), "serve", "--db", str(db), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ},
+    )
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -36,14 +36,17 @@ def test_a_created_key_authenticates_and_only_its_hash_is_stored(store, tmp_path
     assert key.key_id.encode() in raw and secret not in raw
 
 
-@pytest.mark.parametrize("mangle", [
-    lambda t: t[:-1] + ("A" if t[-1] != "A" else "B"),   # one character of the secret changed
-    lambda t: t.replace("hm_", "hx_", 1),                  # wrong prefix
-    lambda t: "hm_00000000_" + t.split("_", 2)[2],         # unknown key id, right secret
-    lambda t: t[:12],                                      # truncated
-    lambda t: "",                                          # empty
-    lambda t: t + "\x00",                                  # trailing NUL
-])
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda t: t[:-1] + ("A" if t[-1] != "A" else "B"),  # one character of the secret changed
+        lambda t: t.replace("hm_", "hx_", 1),  # wrong prefix
+        lambda t: "hm_00000000_" + t.split("_", 2)[2],  # unknown key id, right secret
+        lambda t: t[:12],  # truncated
+        lambda t: "",  # empty
+        lambda t: t + "\x00",  # trailing NUL
+    ],
+)
 def test_anything_but_the_exact_token_is_refused(store, mangle):
     _, token = KeyRing(store).create(["alice"], "read")
     assert KeyRing(store).authenticate(mangle(token)) is None
@@ -68,12 +71,15 @@ def test_roles_are_ordered_and_namespaces_bound_a_key():
     assert everywhere.allows("anything", Role.read) and not everywhere.allows("anything", Role.write)
 
 
-@pytest.mark.parametrize("namespaces, role, problem", [
-    ([], "read", "namespaces"),
-    (["../etc"], "read", "invalid namespace"),
-    (["*", "alice"], "read", "cannot be combined"),
-    (["alice"], "owner", "role"),
-])
+@pytest.mark.parametrize(
+    "namespaces, role, problem",
+    [
+        ([], "read", "namespaces"),
+        (["../etc"], "read", "invalid namespace"),
+        (["*", "alice"], "read", "cannot be combined"),
+        (["alice"], "owner", "role"),
+    ],
+)
 def test_bad_key_requests_are_refused_and_store_nothing(store, namespaces, role, problem):
     with pytest.raises(ValueError, match=problem):
         KeyRing(store).create(namespaces, role)
@@ -86,10 +92,19 @@ def test_key_changes_are_events_without_secrets(store):
     ring.revoke(key.key_id)
     rows = store.conn.execute("SELECT namespace, action, memory_id, after FROM events ORDER BY id").fetchall()
     assert [(r[0], r[1]) for r in rows] == [
-        ("alice", "key_created"), ("bob", "key_created"), ("alice", "key_revoked"), ("bob", "key_revoked")]
+        ("alice", "key_created"),
+        ("bob", "key_created"),
+        ("alice", "key_revoked"),
+        ("bob", "key_revoked"),
+    ]
     for row in rows:
         assert row[2] is None
-        assert json.loads(row[3]) == {"key_id": key.key_id, "role": "read", "namespaces": ["alice", "bob"], "label": "dashboard"}
+        assert json.loads(row[3]) == {
+            "key_id": key.key_id,
+            "role": "read",
+            "namespaces": ["alice", "bob"],
+            "label": "dashboard",
+        }
         assert token.split("_", 2)[2] not in row[3]
 
 
@@ -106,7 +121,9 @@ def test_a_version_1_store_gains_the_keys_table(tmp_path):
     conn.close()
     store = MemoryStore(path)
     try:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # migrated through every version since
+        assert (
+            store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        )  # migrated through every version since
         assert store.namespaces() == ["alice"]
         _, token = KeyRing(store).create(["alice"], "read")
         assert KeyRing(store).authenticate(token) is not None
@@ -116,8 +133,23 @@ def test_a_version_1_store_gains_the_keys_table(tmp_path):
 
 def test_keys_commands_create_list_and_revoke(tmp_path):
     db = str(tmp_path / "memory.db")
-    created = runner.invoke(app, ["keys", "create", "--namespace", "alice", "--namespace", "bob", "--role", "write",
-                                  "--label", "ci", "--db", db])
+    created = runner.invoke(
+        app,
+        [
+            "keys",
+            "create",
+            "--namespace",
+            "alice",
+            "--namespace",
+            "bob",
+            "--role",
+            "write",
+            "--label",
+            "ci",
+            "--db",
+            db,
+        ],
+    )
     assert created.exit_code == 0, created.output
     token = created.output.strip().splitlines()[-1]
     key_id = token.split("_")[1]
@@ -135,10 +167,13 @@ def test_keys_commands_create_list_and_revoke(tmp_path):
         store.close()
 
 
-@pytest.mark.parametrize("args, problem", [
-    (["--namespace", "alice", "--role", "superuser"], "role"),
-    (["--namespace", "../../etc", "--role", "read"], "invalid namespace"),
-])
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (["--namespace", "alice", "--role", "superuser"], "role"),
+        (["--namespace", "../../etc", "--role", "read"], "invalid namespace"),
+    ],
+)
 def test_keys_create_refuses_bad_input_with_one_clear_line(tmp_path, args, problem):
     result = runner.invoke(app, ["keys", "create", *args, "--db", str(tmp_path / "memory.db")])
     assert result.exit_code == 1 and problem in result.output

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import anyio
 import httpx
@@ -34,8 +35,12 @@ from tests.service.scripted_llm import ANSWER, llm_settings, respond
 
 TOOLS = {"add_session", "add_memory", "search", "ask", "list_memories", "delete_memory"}
 QUESTION = "What is the name of Alice's puppy?"
-EPISODE = {"title": "Biscuit", "summary": "Alice adopted a puppy", "details": "Alice adopted a beagle puppy named Biscuit.",
-           "timestamp": "2023-05-05"}
+EPISODE = {
+    "title": "Biscuit",
+    "summary": "Alice adopted a puppy",
+    "details": "Alice adopted a beagle puppy named Biscuit.",
+    "timestamp": "2023-05-05",
+}
 TUPLE = {"entity": "Alice", "relation": "adopted", "object": "Biscuit the beagle", "timestamp": "2023-05-05"}
 STARTED_AT = datetime(2023, 5, 7, 10, 0, tzinfo=timezone.utc).isoformat()
 
@@ -97,8 +102,11 @@ async def tool_tour(session: ClientSession, scope: dict[str, str], session_id: s
     added = await call(session, "add_memory", {"episodes": [EPISODE], "tuples": [TUPLE], **scope})
     episode_id, tuple_id = added["ids"]
 
-    queued = await call(session, "add_session", {"session_id": session_id, "started_at": STARTED_AT,
-                                                 "turns": turns(session_id), **scope})
+    queued = await call(
+        session,
+        "add_session",
+        {"session_id": session_id, "started_at": STARTED_AT, "turns": turns(session_id), **scope},
+    )
     assert queued == {"namespace": added["namespace"], "session_id": session_id, "curation_status": "pending"}
     # The curation worker turns the queued session into memories citing its turns (1 episode, 1 tuple per turn).
     page = await wait_for(
@@ -132,8 +140,11 @@ async def tool_tour(session: ClientSession, scope: dict[str, str], session_id: s
 
     assert "not_found" in await refused(session, "delete_memory", {"memory_id": 10**9, **scope})
     assert "validation_error" in await refused(session, "add_memory", {**scope})
-    duplicate = await refused(session, "add_session", {"session_id": session_id, "started_at": STARTED_AT,
-                                                       "turns": turns(session_id), **scope})
+    duplicate = await refused(
+        session,
+        "add_session",
+        {"session_id": session_id, "started_at": STARTED_AT, "turns": turns(session_id), **scope},
+    )
     assert "conflict" in duplicate
     return {"episode_id": episode_id, "tuple_id": tuple_id}
 
@@ -185,8 +196,13 @@ def test_stdio_server_refuses_a_bad_namespace_before_starting(tmp_path):
     import subprocess
 
     hybridmem = str(Path(sys.executable).parent / "hybridmem")
-    done = subprocess.run([hybridmem, "mcp", "--namespace", "../etc", "--db", str(tmp_path / "m.db")],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    done = subprocess.run(
+        [hybridmem, "mcp", "--namespace", "../etc", "--db", str(tmp_path / "m.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert done.returncode == 1 and "invalid namespace" in done.stderr and done.stdout == ""
 
 
@@ -289,19 +305,26 @@ def test_http_mcp_without_a_valid_key_is_refused_before_any_tool_runs(http_servi
     base_url, state = http_service
     key, token = state.keys.create(["alice3"], "write")
     state.keys.revoke(key.key_id)
-    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
     headers = {"Accept": "application/json, text/event-stream"}
     for auth in [None, "Bearer hm_00000000_" + "x" * 43, f"Bearer {token}", "Basic abc"]:
         with httpx.Client(timeout=30) as client:
-            response = client.post(f"{base_url}/mcp", json=initialize,
-                                   headers={**headers, **({"Authorization": auth} if auth else {})})
+            response = client.post(
+                f"{base_url}/mcp", json=initialize, headers={**headers, **({"Authorization": auth} if auth else {})}
+            )
         assert response.status_code == 401, (auth, response.text)
         assert response.json()["error"]["code"] == "unauthorized"
     # A valid key gets through the same request.
     _, good = state.keys.create(["alice3"], "read")
     with httpx.Client(timeout=30) as client:
-        response = client.post(f"{base_url}/mcp", json=initialize, headers={**headers, "Authorization": f"Bearer {good}"})
+        response = client.post(
+            f"{base_url}/mcp", json=initialize, headers={**headers, "Authorization": f"Bearer {good}"}
+        )
     assert response.status_code == 200, response.text
     assert response.json()["result"]["serverInfo"]["name"] == "hybridmem"
 
@@ -309,18 +332,27 @@ def test_http_mcp_without_a_valid_key_is_refused_before_any_tool_runs(http_servi
 def test_http_without_auth_accepts_only_loopback_hosts_and_origins(tmp_path, minilm, chat_server):
     """Under --no-auth no key guards /mcp, so the Host and Origin checks against DNS rebinding do:
     a web page that rebinds its own name to 127.0.0.1 must not reach the tools."""
-    state = ServiceState(tmp_path / "memory.db", load_config(None, llm_settings(chat_server)), embedder=minilm,
-                         start_worker=False)
+    state = ServiceState(
+        tmp_path / "memory.db", load_config(None, llm_settings(chat_server)), embedder=minilm, start_worker=False
+    )
     state.open()
-    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
     accept = {"Accept": "application/json, text/event-stream"}
     try:
         with ThreadedServer(create_app(state, require_auth=False)) as server, httpx.Client(timeout=30) as client:
             assert client.post(f"{server.base_url}/mcp", json=initialize, headers=accept).status_code == 200
-            rebound = client.post(f"{server.base_url}/mcp", json=initialize, headers={**accept, "Host": "evil.example:80"})
+            rebound = client.post(
+                f"{server.base_url}/mcp", json=initialize, headers={**accept, "Host": "evil.example:80"}
+            )
             assert rebound.status_code == 421
-            cross = client.post(f"{server.base_url}/mcp", json=initialize, headers={**accept, "Origin": "http://evil.example"})
+            cross = client.post(
+                f"{server.base_url}/mcp", json=initialize, headers={**accept, "Origin": "http://evil.example"}
+            )
             assert cross.status_code == 403
 
             async def main() -> None:  # the SDK client gets every tool without a key

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -47,10 +47,19 @@ def answer_or_curate(curate: Callable[[dict], object]) -> Callable[[dict, int], 
 
 
 def config_for(server: ChatServer, **extra) -> Config:
-    return load_config(None, server.overrides(**{
-        "answering.mode": "json", "llm.max_retries": 0, "curation.retry_rounds": 0, "consolidation.every_n_sessions": 0,
-        "service.worker_poll_s": 0.1, **extra,
-    }))
+    return load_config(
+        None,
+        server.overrides(
+            **{
+                "answering.mode": "json",
+                "llm.max_retries": 0,
+                "curation.retry_rounds": 0,
+                "consolidation.every_n_sessions": 0,
+                "service.worker_poll_s": 0.1,
+                **extra,
+            }
+        ),
+    )
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 60, what: str = "condition") -> None:
@@ -65,10 +74,16 @@ def session_rows(db: Path) -> dict[tuple[str, str], tuple[str, str | None, int]]
     conn = sqlite3.connect(db)
     try:
         return {
-            (ns, sid): (status, error, conn.execute(
-                "SELECT count(*) FROM memories WHERE namespace = ? AND source_session_id = ?", (ns, sid)).fetchone()[0])
+            (ns, sid): (
+                status,
+                error,
+                conn.execute(
+                    "SELECT count(*) FROM memories WHERE namespace = ? AND source_session_id = ?", (ns, sid)
+                ).fetchone()[0],
+            )
             for ns, sid, status, error in conn.execute(
-                "SELECT namespace, session_id, curation_status, curation_error FROM sessions")
+                "SELECT namespace, session_id, curation_status, curation_error FROM sessions"
+            )
         }
     finally:
         conn.close()
@@ -92,8 +107,9 @@ def test_one_batched_llm_call_curates_sessions_of_several_namespaces(tmp_path, m
     # Session numbers tell the namespaces apart on the wire: alice s1-2, bob s11-12, carol s21-22.
     sessions = sessions_of("alice") + sessions_of("bob", first=11) + sessions_of("carol", first=21)
     try:
-        with ServiceState(tmp_path / "m.db", config_for(server, **{"curation.batch_sessions": batch_sessions}),
-                          embedder=minilm) as state:
+        with ServiceState(
+            tmp_path / "m.db", config_for(server, **{"curation.batch_sessions": batch_sessions}), embedder=minilm
+        ) as state:
             state.enqueue(sessions)
             wait_until(lambda: state.worker.status().pending == 0, what="the queue to drain")
             status = state.worker.status()
@@ -114,13 +130,15 @@ def test_one_batched_llm_call_curates_sessions_of_several_namespaces(tmp_path, m
 
 def test_failed_sessions_become_curation_failed_and_the_worker_goes_on(tmp_path, minilm):
     # bob's sessions (s11, s12) get HTTP 400 for their windows (never retried); the others a good reply.
-    server = ChatServer(answer_or_curate(
-        lambda body: Status(400) if session_key(body) in ("s11", "s12") else curation_reply(body)
-    ))
+    server = ChatServer(
+        answer_or_curate(lambda body: Status(400) if session_key(body) in ("s11", "s12") else curation_reply(body))
+    )
     first = sessions_of("alice") + sessions_of("bob", first=11)
     later = sessions_of("carol", each=1)
     try:
-        with ServiceState(tmp_path / "m.db", config_for(server, **{"curation.batch_sessions": 4}), embedder=minilm) as state:
+        with ServiceState(
+            tmp_path / "m.db", config_for(server, **{"curation.batch_sessions": 4}), embedder=minilm
+        ) as state:
             state.enqueue(first)
             wait_until(lambda: state.worker.status().pending == 0, what="the first sessions")
             state.enqueue(later)
@@ -194,8 +212,10 @@ def test_a_batch_abandoned_in_the_llm_is_never_written_and_a_restart_curates_it_
 def test_a_session_curated_meanwhile_is_skipped_not_stored_twice(tmp_path, minilm, chat_server):
     config = config_for(chat_server)
     [session] = sessions_of("alice", each=1)
-    with HybridMemory.open(tmp_path / "m.db", config, embedder=minilm) as first, \
-            HybridMemory.open(tmp_path / "m.db", config, embedder=minilm) as second:
+    with (
+        HybridMemory.open(tmp_path / "m.db", config, embedder=minilm) as first,
+        HybridMemory.open(tmp_path / "m.db", config, embedder=minilm) as second,
+    ):
         first.store.insert_session(session, curation_status="pending")
         # Both curators read the session while it was pending; the first one stores it.
         assert first.curate_stored([session]).curated == 1
@@ -234,7 +254,9 @@ def test_ask_times_out_while_curation_holds_the_llm_then_answers(tmp_path, minil
             with pytest.raises(AskTimeoutError):
                 state.answer("Where did Ann go?", "alice", None, None)
             waited = time.monotonic() - started
-            assert timeout_s <= waited < curation_s - 2, f"waited {waited:.1f}s: the timeout must not wait for the batch"
+            assert timeout_s <= waited < curation_s - 2, (
+                f"waited {waited:.1f}s: the timeout must not wait for the batch"
+            )
             wait_until(lambda: state.worker.status().pending == 0, what="curation")
             state.config.service.ask_timeout_s = 60  # once the LLM is free, a question gets its answer
             answer = state.answer("Where did Ann go?", "alice", None, None)

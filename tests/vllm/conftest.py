@@ -55,7 +55,10 @@ def _unavailable() -> str | None:
     try:
         resolve_model(MODEL, models_dir=REPO / "models")
     except ModelRegistryError:
-        return f"the converted model is absent: run `hybridmem models convert smollm2-135m-instruct` (makes models/{MODEL}/)"
+        return (
+            "the converted model is absent: run `hybridmem models convert smollm2-135m-instruct` (makes "
+            f"models/{MODEL}/)"
+        )
     return None
 
 
@@ -122,7 +125,10 @@ class Server:
     def _script(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
         return subprocess.run(
             ["bash", str(REPO / "scripts" / "serve_vllm.sh"), *args, "--config", str(self.config_path)],
-            cwd=REPO, capture_output=True, text=True, timeout=timeout,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def start(self) -> None:

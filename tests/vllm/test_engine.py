@@ -131,7 +131,9 @@ def test_one_consolidation_plan_is_schema_valid(engine, curated, locomo_session)
 def test_judge_verdict(engine):
     from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
 
-    [result] = engine.generate([build_judge_request("Where did Caroline go?", "a support group", "support group", "locomo")])
+    [result] = engine.generate(
+        [build_judge_request("Where did Caroline go?", "a support group", "support group", "locomo")]
+    )
     assert result.ok, result.error
     assert isinstance(result.parsed, JudgeVerdict) and result.parsed.label in {"CORRECT", "WRONG"}
 
@@ -142,13 +144,16 @@ class City(BaseModel):
 
 
 def test_a_batch_of_eight_is_one_engine_call_and_the_cache_answers_the_rerun(engine, tmp_path):
-    from hybridmem_local.llm.cache import CachedLLM
     from hybridmem_local.llm import sampling_settings
+    from hybridmem_local.llm.cache import CachedLLM
 
     cities = ["Paris", "Berlin", "Madrid", "Rome", "Lisbon", "Vienna", "Oslo", "Dublin"]
     requests = [
-        LLMRequest(messages=[ChatMessage(role="user", content=f"Give the city {c} and its country as JSON.")],
-                   output_schema=City, max_new_tokens=64)
+        LLMRequest(
+            messages=[ChatMessage(role="user", content=f"Give the city {c} and its country as JSON.")],
+            output_schema=City,
+            max_new_tokens=64,
+        )
         for c in cities
     ]
     cached = CachedLLM(engine, tmp_path / "cache.sqlite", settings=sampling_settings(engine.config))
@@ -163,9 +168,14 @@ def test_a_batch_of_eight_is_one_engine_call_and_the_cache_answers_the_rerun(eng
 
 def test_a_prompt_over_the_context_window_fails_alone_not_its_batch(engine):
     """Real vLLM rejects the whole ``chat`` call (VLLMValidationError); the backend isolates it."""
-    long = LLMRequest(messages=[ChatMessage(role="user", content="word " * 5000)], output_schema=City, max_new_tokens=16)
-    short = LLMRequest(messages=[ChatMessage(role="user", content="Paris is in which country? JSON.")],
-                       output_schema=City, max_new_tokens=64)
+    long = LLMRequest(
+        messages=[ChatMessage(role="user", content="word " * 5000)], output_schema=City, max_new_tokens=16
+    )
+    short = LLMRequest(
+        messages=[ChatMessage(role="user", content="Paris is in which country? JSON.")],
+        output_schema=City,
+        max_new_tokens=64,
+    )
     results = engine.generate([short, long, short])
     assert results[0].ok and results[2].ok
     assert not results[1].ok and "maximum context length" in results[1].error

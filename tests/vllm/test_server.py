@@ -18,8 +18,9 @@ class Ticket(BaseModel):
     priority: Literal["low", "high"]
 
 
-HELLO = LLMRequest(messages=[ChatMessage(role="user", content="Say hello to Caroline.")], output_schema=Ticket,
-                   max_new_tokens=48)
+HELLO = LLMRequest(
+    messages=[ChatMessage(role="user", content="Say hello to Caroline.")], output_schema=Ticket, max_new_tokens=48
+)
 
 
 def _valid(text: str) -> bool:
@@ -41,7 +42,10 @@ def test_the_server_enforces_the_backends_structured_output_fields_and_ignores_g
     constrained = reply(body)
     assert _valid(constrained), constrained
     # each of the two fields the backend sends constrains on its own
-    only_response_format = {**body, "extra_body": {k: v for k, v in body["extra_body"].items() if k != "structured_outputs"}}
+    only_response_format = {
+        **body,
+        "extra_body": {k: v for k, v in body["extra_body"].items() if k != "structured_outputs"},
+    }
     only_structured_outputs = {k: v for k, v in body.items() if k != "response_format"}
     assert _valid(reply(only_response_format)) and _valid(reply(only_structured_outputs))
     # without them the same request is not a Ticket; the legacy field is accepted and ignored
@@ -64,11 +68,16 @@ class City(BaseModel):
 def test_a_batch_of_eight_in_one_generate_call(server_config):
     llm = build_llm(server_config.llm)
     cities = ["Paris", "Berlin", "Madrid", "Rome", "Lisbon", "Vienna", "Oslo", "Dublin"]
-    results = llm.generate([
-        LLMRequest(messages=[ChatMessage(role="user", content=f"Give the city {c} and its country as JSON.")],
-                   output_schema=City, max_new_tokens=64)
-        for c in cities
-    ])
+    results = llm.generate(
+        [
+            LLMRequest(
+                messages=[ChatMessage(role="user", content=f"Give the city {c} and its country as JSON.")],
+                output_schema=City,
+                max_new_tokens=64,
+            )
+            for c in cities
+        ]
+    )
     assert len(results) == 8 and all(r.ok and isinstance(r.parsed, City) for r in results), [r.error for r in results]
 
 
@@ -82,11 +91,16 @@ def test_curates_a_real_locomo_session_and_answers_and_judges(server_config, min
         turn_ids = {turn.turn_id for turn in locomo_session.turns}
         stored = memory.list(locomo_session.namespace, kind=None)
         assert stored
-        assert all(m.source_turn_ids and set(m.source_turn_ids) <= turn_ids and m.source_session_id == locomo_session.session_id
-                   for m in stored)
+        assert all(
+            m.source_turn_ids
+            and set(m.source_turn_ids) <= turn_ids
+            and m.source_session_id == locomo_session.session_id
+            for m in stored
+        )
         answer = memory.answer("What did Caroline go to?", namespace=locomo_session.namespace)
         assert answer.error is None and answer.answer.strip()
         assert {m.id for m in answer.cited} <= {m.id for m in stored}
-        [verdict] = memory.llm.generate([build_judge_request("What did Caroline go to?", "a support group",
-                                                             answer.answer, "locomo")])
+        [verdict] = memory.llm.generate(
+            [build_judge_request("What did Caroline go to?", "a support group", answer.answer, "locomo")]
+        )
         assert verdict.ok and isinstance(verdict.parsed, JudgeVerdict)

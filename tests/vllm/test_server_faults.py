@@ -30,14 +30,16 @@ def test_a_prompt_over_the_context_window_is_a_permanent_error_not_retried(serve
 
 
 def test_an_unreachable_server_is_a_clear_error():
-    config = LLMConfig(backend="openai-server", model="smollm2-135m-instruct-hf", base_url="http://127.0.0.1:9/v1",
-                       timeout_s=5)
+    config = LLMConfig(
+        backend="openai-server", model="smollm2-135m-instruct-hf", base_url="http://127.0.0.1:9/v1", timeout_s=5
+    )
     with pytest.raises(LLMError, match=r"cannot reach the OpenAI-compatible server at http://127.0.0.1:9/v1"):
         build_llm(config)
 
 
-def test_server_killed_mid_batch_then_restarted_loses_no_session(server, server_config, minilm_cpu, locomo_path,
-                                                                   tmp_path):
+def test_server_killed_mid_batch_then_restarted_loses_no_session(
+    server, server_config, minilm_cpu, locomo_path, tmp_path
+):
     from hybridmem_local.eval.locomo import load_locomo
     from hybridmem_local.memory import HybridMemory
 
@@ -70,4 +72,6 @@ def test_server_killed_mid_batch_then_restarted_loses_no_session(server, server_
             record = memory.store.get_session(session.namespace, session.session_id)
             assert record.curation_status in {"curated", "curation_failed"}
             assert len(record.session.turns) == len(session.turns)
-        assert retried.curated >= 1, [memory.store.get_session(s.namespace, s.session_id).curation_error for s in sessions]
+        assert retried.curated >= 1, [
+            memory.store.get_session(s.namespace, s.session_id).curation_error for s in sessions
+        ]
