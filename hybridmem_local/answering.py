@@ -28,7 +28,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybridmem_local.config import AnsweringConfig
-from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.errors import InvalidInputError, LLMError
+from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import load_prompt
 from hybridmem_local.provenance import AlignmentSettings, Embed, alignment_scores, select
 from hybridmem_local.retrieval import RenderedContext, format_context
@@ -180,7 +181,7 @@ def build_answer_request(
 ) -> LLMRequest:
     """The one request that answers ``question`` from ``context``: constrained JSON or plain text."""
     if not question.strip():
-        raise ValueError("question is empty")
+        raise InvalidInputError("question is empty")
     prompt = load_prompt(_PROMPTS[mode])
     cap = ANSWER_MAX_NEW_TOKENS if mode == "json" else ANSWER_TEXT_MAX_NEW_TOKENS
     return LLMRequest(
@@ -260,10 +261,10 @@ def answer_many(
     In ``mode`` "text", ``citer`` derives each answer's citations from the rendered memories.
     """
     if mode == "text" and citer is None:
-        raise ValueError("text answers need a TextCiter to derive their cited memories")
+        raise InvalidInputError("text answers need a TextCiter to derive their cited memories")
     dates = list(question_dates) if question_dates is not None else [None] * len(questions)
     if not len(questions) == len(contexts) == len(dates):
-        raise ValueError(f"{len(questions)} questions, {len(contexts)} contexts and {len(dates)} question dates")
+        raise InvalidInputError(f"{len(questions)} questions, {len(contexts)} contexts and {len(dates)} question dates")
     rendered = [c if isinstance(c, RenderedContext) else _render(c, llm, context_budget) for c in contexts]
     requests = [
         build_answer_request(question, context, date, enable_thinking, mode).model_copy(

@@ -527,9 +527,8 @@ def undo(
     overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Restore exactly the state before a consolidation run."""
-    from hybridmem_local.consolidation import ConsolidationError
 
-    with reported(*USER_ERRORS, ConsolidationError), open_memory(db, config, overrides) as memory:
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
         print_data(memory.undo(run_id), as_json)
 
 

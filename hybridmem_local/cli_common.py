@@ -20,28 +20,15 @@ from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.table import Table
 
-from hybridmem_local.config import Config, ConfigError, load_config
-from hybridmem_local.llm.base import LLMError
-from hybridmem_local.model_registry import ModelRegistryError
-from hybridmem_local.readers import InputFileError
-from hybridmem_local.store import NotFoundError, StoreError
+from hybridmem_local.config import Config, load_config
+from hybridmem_local.errors import HybridMemError
 
 console = Console()
 
-#: Errors a user can fix: printed as one clear line, exit code 1, no traceback. sqlite3 and OS
-#: errors cover a full disk, a read-only store or a missing directory; LLMError an unreachable
-#: server or a missing model.
-USER_ERRORS = (
-    InputFileError,
-    ConfigError,
-    StoreError,
-    NotFoundError,
-    ModelRegistryError,
-    LLMError,
-    ValueError,
-    sqlite3.Error,
-    OSError,
-)
+#: Errors a user can fix: printed as one clear line, exit code 1, no traceback. The library's
+#: own errors name what is wrong (a bad file, config or argument, a missing model, an unreachable
+#: LLM server); sqlite3 and OS errors cover a full disk, a read-only store or a missing directory.
+USER_ERRORS = (HybridMemError, ValueError, sqlite3.Error, OSError)
 
 DB_OPTION = typer.Option(Path("hybridmem.db"), "--db", envvar="HYBRIDMEM_DB", help="SQLite store file.")
 CONFIG_OPTION = typer.Option(

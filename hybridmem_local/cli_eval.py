@@ -16,8 +16,8 @@ import typer
 
 from hybridmem_local.cli_common import CONFIG_OPTION, JSON_OPTION, SET_OPTION, console, parse_overrides, print_json
 from hybridmem_local.cli_errors import err, fail, reported
-from hybridmem_local.config import ConfigError, load_config
-from hybridmem_local.eval import DatasetError
+from hybridmem_local.config import load_config
+from hybridmem_local.errors import ConfigError, DatasetError
 from hybridmem_local.eval.judge_audit import DEFAULT_AUDIT_SIZE
 from hybridmem_local.eval.systems import DEFAULT_RAG_BUDGET, SYSTEMS
 
@@ -72,10 +72,10 @@ def _names(value: str | None) -> list[str] | None:
 
 
 def _run(benchmark: str, **kwargs) -> None:
+    from hybridmem_local.errors import ModelRegistryError
     from hybridmem_local.eval.options import RunOptions
     from hybridmem_local.eval.report import SUMMARY_MD
     from hybridmem_local.eval.runner import run_evaluation
-    from hybridmem_local.model_registry import ModelRegistryError
 
     config_path, overrides, as_json = kwargs.pop("config"), kwargs.pop("overrides"), kwargs.pop("as_json")
     # pydantic's ValidationError (bad options) is a ValueError.

@@ -16,11 +16,13 @@ Where the service differs, the signature says so:
   ``namespace`` keyword (default ``"default"``, like ``search``); ``delete`` takes no reason
   (the server records one).
 
-Errors: an error the library raises in-process comes back as the same exception type —
-``NotFoundError`` for a missing memory, ``ValueError`` for a rejected argument, and the service's
-``QueueFullError`` / ``AskTimeoutError`` — each also a :class:`ServiceError` carrying the stable
-``code``, the message and the HTTP status. Other refusals (unauthorized, forbidden, conflict,
-rate_limited with ``retry_after``, payload_too_large, not_ready, internal) raise ``ServiceError``.
+Errors: the service's answer comes back as the class of the library's error tree that its code
+names (``hybridmem_local.errors.ERROR_CODES``), with the server's message: ``NotFoundError`` for
+a missing memory, ``InvalidInputError`` (a ``ValueError``) for a rejected argument,
+``ForbiddenError``, ``ConflictError``, ``QueueFullError``, ``AskTimeoutError``,
+``RateLimitedError`` with ``retry_after``... — the same classes the library raises in-process,
+each with its ``code`` and HTTP ``status``. An answer that is not the service's error JSON (a
+proxy's error page) raises ``HybridMemError`` naming the HTTP status.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from hybridmem_local.answering import Answer
 from hybridmem_local.consolidation import ConsolidationReport, UndoReport
+from hybridmem_local.errors import ERROR_CODES, HybridMemError, InvalidInputError, RateLimitedError
 from hybridmem_local.files import owner_only_opener
 from hybridmem_local.memory import Stats
 from hybridmem_local.schema import (
@@ -50,52 +53,13 @@ from hybridmem_local.schema import (
     check_namespace,
 )
 from hybridmem_local.service.models import MAX_PAGE, MemoryOut
-from hybridmem_local.service.state import AskTimeoutError, QueueFullError
-from hybridmem_local.store import Event, NotFoundError, SessionRecord
+from hybridmem_local.store import Event, SessionRecord
 
 #: ``list`` without a limit pages through at the server's largest page.
 PAGE_SIZE = MAX_PAGE
 
 _MEMORY = TypeAdapter(MemoryOut)
 _EVENTS = TypeAdapter(list[Event])
-
-
-class ServiceError(Exception):
-    """A refusal of the service: its stable ``code``, the message naming what is wrong, the HTTP status."""
-
-    def __init__(self, code: str, message: str, status: int, retry_after: float | None = None):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.status = status
-        #: Seconds to wait before retrying (``rate_limited``), from the Retry-After header.
-        self.retry_after = retry_after
-
-
-class ServiceNotFoundError(ServiceError, NotFoundError):
-    pass
-
-
-class ServiceValueError(ServiceError, ValueError):
-    pass
-
-
-class ServiceQueueFullError(ServiceError, QueueFullError):
-    pass
-
-
-class ServiceTimeoutError(ServiceError, AskTimeoutError):
-    pass
-
-
-#: Codes raised as the exception the library raises in-process for the same condition.
-_LIBRARY_ERRORS: dict[str, type[ServiceError]] = {
-    "not_found": ServiceNotFoundError,
-    "validation_error": ServiceValueError,
-    "bad_request": ServiceValueError,
-    "queue_full": ServiceQueueFullError,
-    "timeout": ServiceTimeoutError,
-}
 
 
 class _ErrorBody(BaseModel):
@@ -236,7 +200,7 @@ class HybridMemoryClient:
     ) -> list[Episode | RelationalTuple]:
         """Memories in id order (``status=None``: any status); without ``limit``, every page."""
         if (limit is not None and limit < 0) or offset < 0:
-            raise ValueError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
+            raise InvalidInputError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
         out: list[Episode | RelationalTuple] = []
         next_offset: int | None = offset
         while next_offset is not None and (limit is None or len(out) < limit):
@@ -274,15 +238,16 @@ class HybridMemoryClient:
         return lines
 
 
-def _error(response: httpx.Response) -> ServiceError:
-    """The exception for an error answer: the library's type where there is one, else ServiceError."""
+def _error(response: httpx.Response) -> HybridMemError:
+    """The exception for an error answer: the class the error table gives its code, with its message."""
     try:
         body = _ErrorResponse.model_validate(response.json()).error
-        code, message = body.code, body.message
     except ValueError:  # not the service's error JSON (a proxy's error page, say)
-        code, message = "http_error", f"HTTP {response.status_code}: {response.text[:200]}"
-    retry_after = response.headers.get("Retry-After")
-    cls = _LIBRARY_ERRORS.get(code, ServiceError)
-    return cls(
-        code, message, response.status_code, float(retry_after) if retry_after and retry_after.isdigit() else None
-    )
+        return HybridMemError(f"HTTP {response.status_code} from {response.url}: {response.text[:200]}")
+    if body.code not in ERROR_CODES:  # a newer server's code: the message still says what is wrong
+        return HybridMemError(f"{body.code} (HTTP {response.status_code}): {body.message}")
+    error = ERROR_CODES[body.code].error
+    if error is RateLimitedError:
+        retry_after = response.headers.get("Retry-After", "")
+        return RateLimitedError(body.message, retry_after=float(retry_after) if retry_after.isdigit() else None)
+    return error(body.message)

@@ -28,16 +28,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from hybridmem_local.config import ConsolidationConfig
+from hybridmem_local.errors import ClusteringError
 
 logger = logging.getLogger(__name__)
 
 NOISE = -1
 
 Backend = Literal["cuml", "cpu"]
-
-
-class ClusteringError(ValueError):
-    """The embeddings handed to a clusterer are not a usable matrix."""
 
 
 class ClusteringResult(BaseModel):

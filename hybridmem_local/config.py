@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hybridmem_local.errors import ConfigError
 from hybridmem_local.readers import read_yaml_mapping
 
 
@@ -291,10 +292,6 @@ class Config(_Section):
     consolidation: ConsolidationConfig = Field(default_factory=ConsolidationConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
-
-
-class ConfigError(ValueError):
-    """A configuration file could not be read or does not validate."""
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:

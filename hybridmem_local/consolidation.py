@@ -47,6 +47,7 @@ from rich.table import Table
 
 from hybridmem_local.clustering import Clusterer, make_clusterer
 from hybridmem_local.config import Config
+from hybridmem_local.errors import ConfigError, ConsolidationError, InvalidInputError, NotFoundError, PlanError
 from hybridmem_local.llm.base import ChatMessage, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.replies import feedback_request
 from hybridmem_local.prompts import PromptTemplate, load_prompt
@@ -59,7 +60,7 @@ from hybridmem_local.schema import (
     check_namespace,
     combine_provenance,
 )
-from hybridmem_local.store import MemoryStore, NotFoundError
+from hybridmem_local.store import MemoryStore
 from hybridmem_local.usage import LLMUsage
 
 if TYPE_CHECKING:
@@ -75,14 +76,6 @@ Memory = Episode | RelationalTuple
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class ConsolidationError(RuntimeError):
-    """A run or an undo was refused; nothing was changed."""
-
-
-class PlanError(ValueError):
-    """An LLM plan names ids outside its group, uses one twice, or deletes everything."""
 
 
 # --------------------------------------------------------------------------- LLM reply schemas
@@ -352,7 +345,9 @@ def plan_consolidation(
     if namespace not in store.namespaces():
         raise NotFoundError(f"namespace {namespace!r} does not exist")
     if clusters is not None and set(clusters) - set(KINDS):
-        raise ValueError(f"clusters: unknown store(s) {sorted(set(clusters) - set(KINDS))}; use 'episode' and 'tuple'")
+        raise InvalidInputError(
+            f"clusters: unknown store(s) {sorted(set(clusters) - set(KINDS))}; use 'episode' and 'tuple'"
+        )
     report = ConsolidationReport(namespace=namespace, dry_run=True, backend="given" if clusters is not None else "")
     groups: list[tuple[Group, list[Memory]]] = []
     for kind in KINDS:
@@ -480,12 +475,14 @@ def _given_clusters(
     for position, cluster in enumerate(clusters):
         for memory_id in cluster:
             if memory_id not in active:
-                raise ValueError(
+                raise InvalidInputError(
                     f"clusters[{kind!r}][{position}]: memory {memory_id} is not an active {kind} of namespace "
                     f"{namespace!r}"
                 )
             if memory_id in seen:
-                raise ValueError(f"clusters[{kind!r}][{position}]: memory {memory_id} is in more than one cluster")
+                raise InvalidInputError(
+                    f"clusters[{kind!r}][{position}]: memory {memory_id} is in more than one cluster"
+                )
             seen.add(memory_id)
         found.append([active[i] for i in cluster])
     return found
@@ -501,7 +498,7 @@ def _split_to_fit(cluster: list[Memory], llm: StructuredLLM, budget: int) -> lis
     overhead = sum(llm.count_tokens(m.content) for m in _messages(load_prompt(PROMPT_NAME), kind, []))
     available = budget - overhead
     if available <= 0:
-        raise ValueError(
+        raise ConfigError(
             f"llm.context_tokens leaves {budget} tokens for the prompt, the consolidation prompt alone needs {overhead}"
         )
     parts: list[list[Memory]] = [[]]

@@ -27,6 +27,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.fusion import DEFAULT_RRF_K, reciprocal_rank_fusion
 from hybridmem_local.schema import EvidenceWindow, Hit, SearchResult, Turn, turn_line
 
@@ -77,9 +78,9 @@ def assemble_context(
         chosen = [pick for item in candidates for pick in [item, *evidence.get(_item_key(item), [])]]
     else:
         if count_tokens is None:
-            raise ValueError("a context budget needs count_tokens (the answer model's tokenizer)")
+            raise InvalidInputError("a context budget needs count_tokens (the answer model's tokenizer)")
         if budget < 1:
-            raise ValueError(f"context budget must be at least 1 token, got {budget}")
+            raise InvalidInputError(f"context budget must be at least 1 token, got {budget}")
         chosen = _fill(candidates, evidence, budget, _CachedCounter(count_tokens))
     rendered = _render(chosen)
     if count_tokens is not None:

@@ -51,8 +51,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.dates import annotate_relative_dates
+from hybridmem_local.errors import ConfigError, LLMError
 from hybridmem_local.lexical import tokenize
-from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import PromptTemplate, load_prompt
 from hybridmem_local.provenance import Aligner, AlignmentSettings, Embed, memory_text
 from hybridmem_local.schema import (
@@ -418,7 +419,7 @@ class Curator:
         overhead = sum(self.llm.count_tokens(m.content) for m in skeleton) + TEMPLATE_ALLOWANCE_TOKENS
         budget = self.llm_config.context_tokens - self.llm_config.max_new_tokens - overhead
         if budget < MIN_TURN_BUDGET_TOKENS:
-            raise ValueError(
+            raise ConfigError(
                 f"llm.context_tokens={self.llm_config.context_tokens} leaves {budget} tokens for turns after "
                 f"the curation prompt ({overhead}) and llm.max_new_tokens={self.llm_config.max_new_tokens}; "
                 f"raise context_tokens or lower max_new_tokens"

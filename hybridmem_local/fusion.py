@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
+from hybridmem_local.errors import InvalidInputError
+
 Item = TypeVar("Item", bound=Hashable)
 
 #: The constant of the original paper; it damps the weight of the very first ranks.
@@ -31,13 +33,13 @@ def reciprocal_rank_fusion(
     at its first rank only.
     """
     if k < 1:
-        raise ValueError(f"rrf k must be at least 1, got {k}")
+        raise InvalidInputError(f"rrf k must be at least 1, got {k}")
     weights = dict(weights or {})
     unknown = set(weights) - set(rankings)
     if unknown:
-        raise ValueError(f"weights name rankings that were not given: {sorted(unknown)}")
+        raise InvalidInputError(f"weights name rankings that were not given: {sorted(unknown)}")
     if any(w < 0 for w in weights.values()):
-        raise ValueError(f"rrf weights must be non-negative, got {weights}")
+        raise InvalidInputError(f"rrf weights must be non-negative, got {weights}")
     scores: dict[Item, float] = {}
     best: dict[Item, tuple[int, int]] = {}
     for position, (name, ranking) in enumerate(rankings.items()):

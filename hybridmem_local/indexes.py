@@ -33,10 +33,11 @@ import numpy as np
 
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder
+from hybridmem_local.errors import StoreError
 from hybridmem_local.index import SyncReport, VectorIndex
 from hybridmem_local.lexical import LexicalIndex, memory_text
 from hybridmem_local.schema import EvidenceWindow, MemoryKind
-from hybridmem_local.store import MemoryStore, StoreError, text_hash
+from hybridmem_local.store import MemoryStore, text_hash
 from hybridmem_local.windows import WINDOW_KIND, WindowSet
 
 log = logging.getLogger(__name__)

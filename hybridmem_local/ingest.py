@@ -21,19 +21,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from hybridmem_local.readers import (
-    InputFileError,
-    describe_validation_error,
-    is_stdin,
-    read_input,
-    read_json_lines,
-    read_json_list,
-)
+from hybridmem_local.errors import InputFileError, InvalidInputError
+from hybridmem_local.readers import describe_validation_error, is_stdin, read_input, read_json_lines, read_json_list
 from hybridmem_local.schema import Episode, RelationalTuple, Session, Turn, check_namespace
 from hybridmem_local.store import SessionRecord
 
 __all__ = [
-    "InputFileError",
     "LocomoReader",
     "read_export",
     "read_locomo_sessions",
@@ -147,14 +140,14 @@ def parse_session_date(value: str) -> datetime:
     """``"1:56 pm on 8 May, 2023"`` → ``2023-05-08 13:56 UTC`` (the benchmark has no zones)."""
     match = _SESSION_DATE.match(value)
     if not match:
-        raise ValueError(f"date {value!r} is not like '1:56 pm on 8 May, 2023'")
+        raise InvalidInputError(f"date {value!r} is not like '1:56 pm on 8 May, 2023'")
     hour, minute, meridiem, day, month_name, year = match.groups()
     month = _MONTHS.get(month_name.lower())
     if month is None:
-        raise ValueError(f"date {value!r}: unknown month {month_name!r}")
+        raise InvalidInputError(f"date {value!r}: unknown month {month_name!r}")
     hour_12 = int(hour)
     if not 1 <= hour_12 <= 12:
-        raise ValueError(f"date {value!r}: hour {hour_12} is not on a 12-hour clock")
+        raise InvalidInputError(f"date {value!r}: hour {hour_12} is not on a 12-hour clock")
     hour_24 = hour_12 % 12 + (12 if meridiem.lower() == "p" else 0)
     return datetime(int(year), month, int(day), hour_24, int(minute), tzinfo=timezone.utc)
 

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.files import GenerationFiles
 from hybridmem_local.index import SyncReport
 from hybridmem_local.schema import Episode, RelationalTuple
@@ -248,7 +249,7 @@ class LexicalIndex:
         """Add documents (a document already present is replaced)."""
         ids = [int(i) for i in np.asarray(ids, dtype=np.int64)]
         if len(ids) != len(texts):
-            raise ValueError(f"{self.kind} lexical index: {len(ids)} ids for {len(texts)} texts")
+            raise InvalidInputError(f"{self.kind} lexical index: {len(ids)} ids for {len(texts)} texts")
         self.remove([i for i in ids if i in self._slot_of])
         new_postings: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for doc_id, tokens in zip(ids, tokenize(texts) if ids else [], strict=True):

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hybridmem_local.config import Config, load_config
 from hybridmem_local.dedup import fold_repeats, plan_duplicates
 from hybridmem_local.embedding import Embedder, build_embedder
+from hybridmem_local.errors import DuplicateSessionError, InvalidInputError, NotFoundError
 from hybridmem_local.files import owner_only_opener
 from hybridmem_local.index import SyncReport
 from hybridmem_local.indexes import StoreIndexes
@@ -44,14 +45,7 @@ from hybridmem_local.schema import (
     check_namespace,
     utcnow,
 )
-from hybridmem_local.store import (
-    DuplicateSessionError,
-    Event,
-    MemoryStore,
-    NotFoundError,
-    SessionRecord,
-    text_hash,
-)
+from hybridmem_local.store import Event, MemoryStore, SessionRecord, text_hash
 from hybridmem_local.usage import LLMUsage
 from hybridmem_local.windows import with_source_turns
 
@@ -354,7 +348,7 @@ class HybridMemory:
         row holding it, and how many were repeats."""
         check_namespace(namespace)
         if session is not None and session.namespace != namespace:
-            raise ValueError(
+            raise InvalidInputError(
                 f"session {session.session_id!r} belongs to namespace {session.namespace!r}, not {namespace!r}"
             )
         self._check_provenance(namespace, memories, session)
@@ -401,7 +395,7 @@ class HybridMemory:
         known = {t.turn_id for t in session.turns} if session is not None else set()
         unknown = cited - known - self.store._existing_turn_ids(namespace, sorted(cited - known))
         if unknown:
-            raise ValueError(
+            raise InvalidInputError(
                 f"source_turn_ids name turns that namespace {namespace!r} does not have: {sorted(unknown)[:5]}"
             )
 
@@ -419,7 +413,9 @@ class HybridMemory:
         old = self.get(memory_id)
         if old.status != MemoryStatus.active:
             hint = f"; update its successor {old.superseded_by}" if old.superseded_by is not None else ""
-            raise ValueError(f"memory {memory_id} is {old.status.value}, only an active memory can be updated{hint}")
+            raise InvalidInputError(
+                f"memory {memory_id} is {old.status.value}, only an active memory can be updated{hint}"
+            )
         draft_type = EpisodeDraft if old.kind == "episode" else TupleDraft
         current = draft_type.model_validate(old.model_dump(include=set(draft_type.model_fields)))
         try:
@@ -427,7 +423,7 @@ class HybridMemory:
             kept = current.model_dump(exclude={"provenance"} if "source_turn_ids" in fields else set())
             draft = draft_type.model_validate({**kept, **fields})
         except ValidationError as exc:
-            raise ValueError(f"update of memory {memory_id}: {exc}") from exc
+            raise InvalidInputError(f"update of memory {memory_id}: {exc}") from exc
         if draft == current:
             return old
         self._check_provenance(old.namespace, [draft], None)
@@ -525,7 +521,7 @@ class HybridMemory:
 
         plan = report.plan
         if plan is None or report.run_id is not None:
-            raise ValueError("apply_consolidation takes a planned report (with a plan, not applied yet)")
+            raise InvalidInputError("apply_consolidation takes a planned report (with a plan, not applied yet)")
         namespace, started = plan.namespace, time.perf_counter()
         # Embedded before the transaction (a failure there changes nothing, and no lock is held meanwhile).
         self.indexes.embed(namespace, [stored_merge(m, namespace).index_text() for g in plan.groups for m in g.merges])
@@ -614,7 +610,7 @@ class HybridMemory:
 
         check_namespace(namespace)
         if older_than < timedelta(0):
-            raise ValueError(f"older_than must not be negative, got {older_than}")
+            raise InvalidInputError(f"older_than must not be negative, got {older_than}")
         cutoff = utcnow() - older_than
         with self.store.transaction():
             candidates = self.store.retired_before(namespace, cutoff)
@@ -675,7 +671,7 @@ class HybridMemory:
         check_namespace(namespace)
         k = self.config.retrieval.k if k is None else k
         if k < 1:
-            raise ValueError(f"k must be at least 1, got {k}")
+            raise InvalidInputError(f"k must be at least 1, got {k}")
         return self.retriever.search(
             query, namespace, k, self.config.retrieval.tuple_multiplier * k, filters=filters, candidates=candidates
         )
@@ -734,7 +730,7 @@ class HybridMemory:
     ) -> list[Episode | RelationalTuple]:
         """Memories in id order (``status=None``: any status); ``limit``/``offset`` page through them."""
         if (limit is not None and limit < 0) or offset < 0:
-            raise ValueError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
+            raise InvalidInputError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
         return self.store.list_memories(namespace, kind, status, limit=limit, offset=offset)
 
     def history(self, memory_id: int) -> list[Event]:

@@ -39,6 +39,15 @@ from typing import BinaryIO, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hybridmem_local.errors import (
+    AssemblyError,
+    BundleError,
+    ConversionError,
+    ManifestError,
+    ModelNotFoundError,
+    ModelRegistryError,
+    NetworkNotAllowedError,
+)
 from hybridmem_local.readers import read_yaml_mapping
 
 MODELS_DIR_ENV = "HYBRIDMEM_MODELS_DIR"
@@ -53,38 +62,6 @@ _CHUNK = 1 << 20
 
 Role = Literal["embedder", "llm", "judge"]
 Source = Literal["explicit", "models_dir", "wheel"]
-
-
-class ModelRegistryError(Exception):
-    """Base class for manifest, lookup, verification and bundle errors."""
-
-
-class ManifestError(ModelRegistryError):
-    """The manifest file is missing or invalid."""
-
-
-class ModelNotFoundError(ModelRegistryError, LookupError):
-    """A model is unknown or not present locally; the message says how to obtain it."""
-
-
-class ModelVerificationError(ModelRegistryError):
-    """Files are missing or their size/sha256 differs from the manifest; names each file."""
-
-    def __init__(self, message: str, report: VerifyReport):
-        super().__init__(message)
-        self.report = report
-
-
-class BundleError(ModelRegistryError):
-    """A bundle is malformed, unsafe (path traversal, links) or disagrees with its checksums."""
-
-
-class NetworkNotAllowedError(ModelRegistryError):
-    """A download was attempted without explicit permission, or while offline mode is in force."""
-
-
-class AssemblyError(ModelRegistryError):
-    """A model's chunk wheels are missing or differ from the manifest, or pip could not install them."""
 
 
 # --------------------------------------------------------------------------- manifest models
@@ -336,6 +313,14 @@ class VerifyReport(_Frozen):
     @property
     def unpinned(self) -> list[FileCheck]:
         return [f for f in self.files if f.status == "unpinned"]
+
+
+class ModelVerificationError(ModelRegistryError):
+    """Files are missing or their size/sha256 differs from the manifest; names each file."""
+
+    def __init__(self, message: str, report: VerifyReport):
+        super().__init__(message)
+        self.report = report
 
 
 class ModelStatus(_Frozen):
@@ -769,10 +754,6 @@ def _append_slice(part: WheelPart, path: Path, sink: BinaryIO) -> None:
 
 
 # --------------------------------------------------------------------------- conversion
-
-
-class ConversionError(ModelRegistryError):
-    """A GGUF model could not be converted into an HF checkpoint."""
 
 
 #: Keys ``save_pretrained`` writes that name the library version, not the model: dropped so

@@ -12,9 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-
-class InputFileError(ValueError):
-    """A file given to ingest/import is malformed; the message names file, record and field."""
+from hybridmem_local.errors import InputFileError
 
 
 def describe_validation_error(exc: ValidationError, *, quote_fields: bool = True, limit: int | None = None) -> str:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hybridmem_local.config import RetrievalConfig
 from hybridmem_local.context import RenderedContext, assemble_context
+from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.fusion import reciprocal_rank_fusion
 from hybridmem_local.schema import Episode, Hit, MemoryKind, RelationalTuple, SearchResult, WindowHit
 from hybridmem_local.store import MemoryStore
@@ -118,7 +119,7 @@ class Retriever:
         calling thread, which owns the connection.
         """
         if not query.strip():
-            raise ValueError("search query is empty")
+            raise InvalidInputError("search query is empty")
         config = self.config
         filters = filters or SearchFilters()
         limits = {"episodes": k, "tuples": tuple_k, "windows": k if window_k is None else window_k}

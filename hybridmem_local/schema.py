@@ -18,6 +18,8 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from hybridmem_local.errors import InvalidInputError
+
 #: A turn longer than this is rejected: LoCoMo turns are < 1k characters and LongMemEval's
 #: longest assistant replies ~30k; anything far beyond is almost surely a broken input file.
 MAX_TURN_CHARS = 100_000
@@ -37,7 +39,7 @@ def utcnow() -> datetime:
 def check_namespace(namespace: str) -> str:
     """Namespaces name index files on disk, so they are restricted to a safe alphabet."""
     if not isinstance(namespace, str) or not NAMESPACE_PATTERN.match(namespace):
-        raise ValueError(
+        raise InvalidInputError(
             f"invalid namespace {namespace!r}: use 1-64 characters from A-Z a-z 0-9 _ . - "
             "starting with a letter or digit"
         )

@@ -32,6 +32,13 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from hybridmem_local.errors import (
+    AlreadyCuratedError,
+    DuplicateSessionError,
+    DuplicateTurnError,
+    NotFoundError,
+    StoreError,
+)
 from hybridmem_local.schema import (
     Episode,
     EpisodeDraft,
@@ -165,22 +172,6 @@ _MEMORY_COLUMNS = (
     "id, namespace, kind, title, summary, details, entity, relation, object, context, timestamp, "
     "source_session_id, source_turn_ids, provenance, created_at, status, superseded_by"
 )
-
-
-class StoreError(RuntimeError):
-    """The database cannot be opened or a write was refused; nothing was changed."""
-
-
-class NotFoundError(KeyError):
-    pass
-
-
-class DuplicateSessionError(StoreError):
-    """The session id is already stored in that namespace (e.g. by a concurrent ingest)."""
-
-
-class AlreadyCuratedError(DuplicateSessionError):
-    """The session was curated meanwhile (by another process): its memories are stored once, not twice."""
 
 
 class Event(BaseModel):
@@ -400,7 +391,7 @@ class MemoryStore:
                 )
             clash = self._existing_turn_ids(session.namespace, [t.turn_id for t in session.turns])
             if clash:
-                raise StoreError(
+                raise DuplicateTurnError(
                     f"session {session.session_id!r}: turn ids already used by another session of namespace "
                     f"{session.namespace!r}: {sorted(clash)[:5]}"
                 )

@@ -19,6 +19,7 @@ from datetime import datetime
 
 import numpy as np
 
+from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.schema import EvidenceWindow, SearchResult, Turn
 from hybridmem_local.store import MemoryStore
 
@@ -28,9 +29,9 @@ WINDOW_KIND = "window"
 def window_starts(n_turns: int, size: int, stride: int) -> list[int]:
     """Start positions of the windows of a session of ``n_turns`` turns."""
     if size < 1 or stride < 1:
-        raise ValueError(f"window size and stride must be at least 1, got size={size}, stride={stride}")
+        raise InvalidInputError(f"window size and stride must be at least 1, got size={size}, stride={stride}")
     if stride > size:
-        raise ValueError(f"window stride {stride} is larger than the window size {size}: turns would be skipped")
+        raise InvalidInputError(f"window stride {stride} is larger than the window size {size}: turns would be skipped")
     if n_turns <= 0:
         return []
     last = max(n_turns - size, 0)

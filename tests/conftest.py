@@ -111,8 +111,9 @@ def default_llm():
     scripts/install.sh), loaded once: for tests whose assertions depend on the model's quality."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the cpu-llm extra)")
     from hybridmem_local.config import LLMConfig
+    from hybridmem_local.errors import ModelRegistryError
     from hybridmem_local.llm import build_llm
-    from hybridmem_local.model_registry import ModelRegistryError, resolve_model
+    from hybridmem_local.model_registry import resolve_model
 
     config = LLMConfig(n_threads=2, max_retries=0)
     try:

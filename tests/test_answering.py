@@ -24,7 +24,8 @@ from hybridmem_local.answering import (
     build_answer_request,
 )
 from hybridmem_local.config import AnsweringConfig, load_config
-from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm.base import LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.retrieval import format_context
 from hybridmem_local.schema import Episode, Hit, RelationalTuple, SearchResult

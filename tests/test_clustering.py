@@ -17,15 +17,9 @@ import numpy as np
 import pytest
 
 from hybridmem_local import clustering
-from hybridmem_local.clustering import (
-    AutoClusterer,
-    ClusteringError,
-    ClusteringResult,
-    CPUClusterer,
-    CumlClusterer,
-    make_clusterer,
-)
+from hybridmem_local.clustering import AutoClusterer, ClusteringResult, CPUClusterer, CumlClusterer, make_clusterer
 from hybridmem_local.config import ConsolidationConfig
+from hybridmem_local.errors import ClusteringError
 
 # Four facts, each told twelve ways: what a long dialogue leaves behind as near-duplicates.
 PLANTED_TOPICS: dict[str, list[str]] = {

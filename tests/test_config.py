@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridmem_local.config import Config, ConfigError, load_config
+from hybridmem_local.config import Config, load_config
+from hybridmem_local.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

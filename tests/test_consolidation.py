@@ -25,13 +25,8 @@ from pathlib import Path
 import pytest
 
 from hybridmem_local.config import LLMConfig, load_config
-from hybridmem_local.consolidation import (
-    ConsolidationError,
-    ConsolidationReport,
-    EpisodePlan,
-    TuplePlan,
-    plan_consolidation,
-)
+from hybridmem_local.consolidation import ConsolidationReport, EpisodePlan, TuplePlan, plan_consolidation
+from hybridmem_local.errors import ConsolidationError, NotFoundError
 from hybridmem_local.llm.base import LLMRequest
 from hybridmem_local.llm.cache import CachedLLM
 from hybridmem_local.llm.replies import ChatBackend, Completion
@@ -529,7 +524,7 @@ def test_bad_clusters_argument_names_the_problem(memory, planted):
             llm=RefusingLLM(),
             clusters={"tuple": [[planted["paris"], planted["lyon"]], [planted["paris"], planted["tea"]]]},
         )
-    with pytest.raises(KeyError, match="does not exist"):
+    with pytest.raises(NotFoundError, match="does not exist"):
         memory.consolidate("nobody", llm=RefusingLLM(), clusters={})
 
 

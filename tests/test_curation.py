@@ -20,7 +20,8 @@ import pytest
 import hybridmem_local
 from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.curation import CurationReply, Curator, normalise_timestamp, reply_schema
-from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm.base import LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.prompts import load_prompt

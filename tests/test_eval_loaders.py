@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridmem_local.eval import DatasetError
+from hybridmem_local.errors import DatasetError
 from hybridmem_local.eval.locomo import load_locomo, parse_session_date
 from hybridmem_local.eval.longmemeval import load_longmemeval, namespace_for_question, parse_longmemeval_date
 from hybridmem_local.ingest import read_locomo_sessions

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from hybridmem_local.errors import InputFileError
 from hybridmem_local.eval.locomo import load_locomo
-from hybridmem_local.ingest import InputFileError, read_sessions_file, read_sessions_jsonl
+from hybridmem_local.ingest import read_sessions_file, read_sessions_jsonl
 from hybridmem_local.memory import HybridMemory
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from hybridmem_local.errors import PromptError
 from hybridmem_local.eval.judge import (
     LONGMEMEVAL_JUDGE_PROMPTS,
     JudgeVerdict,
     build_judge_request,
 )
-from hybridmem_local.prompts import PromptError, PromptTemplate, load_prompt
+from hybridmem_local.prompts import PromptTemplate, load_prompt
 
 
 def test_locomo_request_renders_mem0_judge_with_the_three_values():

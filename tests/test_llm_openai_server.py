@@ -13,7 +13,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from hybridmem_local.config import LLMConfig
-from hybridmem_local.llm import ChatMessage, LLMError, LLMRequest, build_llm
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm import ChatMessage, LLMRequest, build_llm
 from tests.fake_vllm_server import SERVED_MODEL, Action, Barrier, ChatServer, Sleep, Status
 
 

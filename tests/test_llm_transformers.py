@@ -11,7 +11,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from hybridmem_local.config import LLMConfig
-from hybridmem_local.llm import BACKENDS, ChatMessage, LLMError, LLMRequest, build_llm
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm import BACKENDS, ChatMessage, LLMRequest, build_llm
 from hybridmem_local.llm.transformers_backend import TransformersLLM
 from tests.tiny_model import build_tiny_model, tiny_llm_config, tiny_transformers_llm
 

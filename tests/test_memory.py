@@ -8,9 +8,9 @@ from datetime import date
 import pytest
 
 from hybridmem_local.config import load_config
+from hybridmem_local.errors import NotFoundError
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import MemoryStatus
-from hybridmem_local.store import NotFoundError
 from tests.factories import make_episode, make_session, make_tuple
 
 CITIES = ["Paris", "Lima", "Oslo", "Cairo", "Quito", "Hanoi", "Perth", "Dakar", "Bern", "Riga"]

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from hybridmem_local import model_registry
-from hybridmem_local.model_registry import AssemblyError, Manifest, ModelNotFoundError, load_manifest, resolve_model
+from hybridmem_local.errors import AssemblyError, ModelNotFoundError
+from hybridmem_local.model_registry import Manifest, load_manifest, resolve_model
 
 PAYLOAD = bytes(range(256)) * 400 + b"GGUF tail"
 SLICES = [PAYLOAD[:60_000], PAYLOAD[60_000:]]

@@ -19,12 +19,14 @@ from typer.testing import CliRunner
 
 from hybridmem_local import model_registry
 from hybridmem_local.cli_models import app
-from hybridmem_local.model_registry import (
+from hybridmem_local.errors import (
     BundleError,
     ManifestError,
     ModelNotFoundError,
-    ModelVerificationError,
     NetworkNotAllowedError,
+)
+from hybridmem_local.model_registry import (
+    ModelVerificationError,
     bundle,
     install_bundle,
     load_manifest,

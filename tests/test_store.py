@@ -8,8 +8,9 @@ import stat
 
 import pytest
 
+from hybridmem_local.errors import NotFoundError, StoreError
 from hybridmem_local.schema import MemoryStatus
-from hybridmem_local.store import _MIGRATIONS, SCHEMA_VERSION, MemoryStore, NotFoundError, StoreError
+from hybridmem_local.store import _MIGRATIONS, SCHEMA_VERSION, MemoryStore
 from tests.factories import make_episode, make_session, make_tuple
 
 

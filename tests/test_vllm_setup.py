@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from hybridmem_local import model_registry
-from hybridmem_local.model_registry import ManifestError, ModelNotFoundError, load_manifest, resolve_model
+from hybridmem_local.errors import ManifestError, ModelNotFoundError
+from hybridmem_local.model_registry import load_manifest, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERTED = "smollm2-135m-instruct-hf"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridmem_local.eval import DatasetError
+from hybridmem_local.errors import DatasetError
 from hybridmem_local.eval.locomo import load_locomo
 from hybridmem_local.eval.longmemeval import load_longmemeval
 from hybridmem_local.eval.options import RunOptions

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.eval import Benchmark
 from hybridmem_local.eval.locomo import CATEGORY_NAMES
 from hybridmem_local.llm.base import LLMRequest
@@ -48,23 +49,23 @@ def judge_prompt_name(benchmark: Benchmark, question_type: str | None, abstentio
     """The prompt file that grades this kind of question."""
     if benchmark == "locomo":
         if question_type == CATEGORY_NAMES[5]:
-            raise ValueError(
+            raise InvalidInputError(
                 "adversarial LoCoMo questions are not judged (mem0's protocol skips them); "
                 "score them with metrics.f1_official(prediction, gold, 5)"
             )
         if question_type is not None and question_type not in CATEGORY_NAMES.values():
-            raise ValueError(
+            raise InvalidInputError(
                 f"unknown LoCoMo category {question_type!r}; expected one of {list(CATEGORY_NAMES.values())}"
             )
         return LOCOMO_JUDGE_PROMPT
     if benchmark == "longmemeval":
         if question_type not in LONGMEMEVAL_JUDGE_PROMPTS:
-            raise ValueError(
+            raise InvalidInputError(
                 f"unknown LongMemEval question type {question_type!r}; "
                 f"expected one of {list(LONGMEMEVAL_JUDGE_PROMPTS)}"
             )
         return LONGMEMEVAL_ABSTENTION_PROMPT if abstention else LONGMEMEVAL_JUDGE_PROMPTS[question_type]
-    raise ValueError(f"unknown benchmark {benchmark!r}; expected 'locomo' or 'longmemeval'")
+    raise InvalidInputError(f"unknown benchmark {benchmark!r}; expected 'locomo' or 'longmemeval'")
 
 
 def build_judge_request(

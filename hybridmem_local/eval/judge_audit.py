@@ -20,6 +20,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.eval.locomo import ADVERSARIAL
 from hybridmem_local.eval.metrics import bootstrap_interval, token_f1
 from hybridmem_local.eval.systems import EvalConversation, EvalQuestion
@@ -62,7 +63,7 @@ def plant_answers(conversations: Sequence[EvalConversation], size: int, seed: in
     gets none; ``size`` larger than the gradable questions plants one for each of them.
     """
     if size < 0:
-        raise ValueError(f"the judge audit size must be 0 or more, got {size}")
+        raise InvalidInputError(f"the judge audit size must be 0 or more, got {size}")
     by_category: dict[str, list[tuple[EvalConversation, EvalQuestion]]] = {}
     for conversation in conversations:
         for question in conversation.questions:

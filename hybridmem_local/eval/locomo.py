@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hybridmem_local.eval import DatasetError
+from hybridmem_local.errors import DatasetError
 from hybridmem_local.ingest import LocomoReader, LocomoSample, describe_validation_error, parse_session_date
 from hybridmem_local.schema import Session, StrictModel, check_namespace
 

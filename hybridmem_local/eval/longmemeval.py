@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hybridmem_local.eval import DatasetError
+from hybridmem_local.errors import DatasetError, InvalidInputError
 from hybridmem_local.ingest import describe_validation_error, read_json_list
 from hybridmem_local.schema import NAMESPACE_PATTERN, Session, StrictModel, Turn, check_namespace
 
@@ -46,12 +46,12 @@ def parse_longmemeval_date(value: str) -> datetime:
     """``"2023/05/30 (Tue) 23:40"`` → ``2023-05-30 23:40 UTC`` (the benchmark has no zones)."""
     match = _DATE.match(value)
     if not match:
-        raise ValueError(f"date {value!r} is not like '2023/05/30 (Tue) 23:40'")
+        raise InvalidInputError(f"date {value!r} is not like '2023/05/30 (Tue) 23:40'")
     year, month, day, hour, minute = (int(g) for g in match.groups())
     try:
         return datetime(year, month, day, hour, minute, tzinfo=timezone.utc)
     except ValueError as exc:
-        raise ValueError(f"date {value!r}: {exc}") from exc
+        raise InvalidInputError(f"date {value!r}: {exc}") from exc
 
 
 def namespace_for_question(question_id: str, prefix: str = "") -> str:

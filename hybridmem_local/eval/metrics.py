@@ -27,6 +27,7 @@ from nltk.stem import PorterStemmer
 from nltk.tokenize import NLTKWordTokenizer
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
+from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.schema import StrictModel
 
 _stemmer = PorterStemmer()
@@ -87,7 +88,7 @@ def f1_official(prediction: str, gold: str, category: int) -> float:
     if category == 5:
         lowered = prediction.lower()
         return 1.0 if any(phrase in lowered for phrase in _ADVERSARIAL_PHRASES) else 0.0
-    raise ValueError(f"LoCoMo category must be 1-5, got {category!r}")
+    raise InvalidInputError(f"LoCoMo category must be 1-5, got {category!r}")
 
 
 # --------------------------------------------------------------------------- mem0-style F1 and BLEU-1
@@ -147,7 +148,7 @@ def evidence_recall_at_k(
 ) -> bool | None:
     """:func:`evidence_recall` over the provenance of the first ``k`` retrieved items."""
     if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
+        raise InvalidInputError(f"k must be at least 1, got {k}")
     covered = {turn_id for item in ranked_items_provenance[:k] for turn_id in item}
     return evidence_recall(covered, evidence_ids)
 
@@ -165,7 +166,7 @@ def session_recall_at_k(
     when it lifts turn-level rankings to sessions.
     """
     if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
+        raise InvalidInputError(f"k must be at least 1, got {k}")
     if not answer_session_ids:
         return None
     top = list(dict.fromkeys(ranked_session_ids))[:k]
@@ -202,7 +203,7 @@ def _summarise(values: list[float | bool | None]) -> MetricSummary:
 def aggregate(values: Sequence[float | bool | None], categories: Sequence[str | int] | None = None) -> MetricReport:
     """Mean of per-question values overall and per category, leaving out (and counting) Nones."""
     if categories is not None and len(categories) != len(values):
-        raise ValueError(f"{len(values)} values but {len(categories)} categories")
+        raise InvalidInputError(f"{len(values)} values but {len(categories)} categories")
     grouped: dict[str, list[float | bool | None]] = {}
     for category, value in zip(categories, values, strict=True) if categories is not None else ():
         grouped.setdefault(str(category), []).append(value)
@@ -226,7 +227,7 @@ def bootstrap_interval(
     rebuilt from the same predictions shows the same interval. None when nothing is scorable.
     """
     if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be between 0 and 1, got {level}")
+        raise InvalidInputError(f"level must be between 0 and 1, got {level}")
     scorable = np.array([float(v) for v in values if v is not None])
     if not scorable.size:
         return None

@@ -46,7 +46,7 @@ from hybridmem_local.answering import Answer, answer_many, build_answer_request,
 from hybridmem_local.config import Config
 from hybridmem_local.context import RenderedContext
 from hybridmem_local.curation import TEMPLATE_ALLOWANCE_TOKENS
-from hybridmem_local.eval import DatasetError
+from hybridmem_local.errors import ConfigError, DatasetError
 from hybridmem_local.eval.accounting import PHASES, MeteredLLM, PhaseUsage
 from hybridmem_local.eval.benchmarks import load_benchmark
 from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
@@ -456,7 +456,7 @@ class _Run:
         overhead = sum(count(m.content) for m in request.messages) + TEMPLATE_ALLOWANCE_TOKENS
         limit = llm_config.context_tokens - overhead - (request.max_new_tokens or llm_config.max_new_tokens)
         if limit < MIN_CONTEXT_TOKENS:
-            raise ValueError(
+            raise ConfigError(
                 f"llm.context_tokens={llm_config.context_tokens} leaves {limit} tokens for the context of question "
                 f"{question.question_id} after the answer prompt ({overhead}) and the reply; raise llm.context_tokens"
             )

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import AwareDatetime, Field
 
 from hybridmem_local.config import Config, RetrievalConfig
+from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.retrieval import Retriever, format_context
 from hybridmem_local.schema import Provenance, SearchResult, Session, StrictModel, turn_line
 from hybridmem_local.store import MemoryStore
@@ -344,7 +345,7 @@ SYSTEMS: dict[str, type[RetrievalSystem] | type[FullContextSystem]] = {
 
 def build_system(name: str, settings: SystemSettings):
     if name not in SYSTEMS:
-        raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
+        raise InvalidInputError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
     return SYSTEMS[name](settings)
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridmem_local.config import LLMConfig
-from hybridmem_local.llm.base import ChatMessage, LLMError, LLMRequest, LLMResult, StructuredLLM
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm.base import ChatMessage, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.cache import CachedLLM
 from hybridmem_local.llm.llamacpp import LlamaCppLLM
 from hybridmem_local.llm.openai_server import OpenAIServerLLM

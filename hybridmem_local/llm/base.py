@@ -62,10 +62,6 @@ class LLMResult(BaseModel):
         return self.error is None
 
 
-class LLMError(RuntimeError):
-    """A backend could not be built or reached."""
-
-
 @runtime_checkable
 class StructuredLLM(Protocol):
     #: Identifies backend + model for caches and run manifests, e.g. "llamacpp:smollm2-135m-instruct".

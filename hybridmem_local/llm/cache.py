@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.files import create_owner_only
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.replies import check_reply, schema_json
@@ -52,7 +53,7 @@ class CachedLLM:
         """``settings``: the backend's sampling settings (see ``llm.sampling_settings``), keyed
         in; ``chunk_size``: misses sent to ``inner`` per call, the most a kill can lose."""
         if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+            raise InvalidInputError(f"chunk_size must be >= 1, got {chunk_size}")
         self.inner = inner
         self.model_id = inner.model_id
         self.path = Path(path)

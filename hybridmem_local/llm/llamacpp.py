@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from hybridmem_local.config import LLMConfig
-from hybridmem_local.llm.base import LLMError, LLMRequest
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm.base import LLMRequest
 from hybridmem_local.llm.constrained import OutlinesProcessors
 from hybridmem_local.llm.replies import ChatBackend, Completion
 

@@ -32,7 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from hybridmem_local.config import LLMConfig
-from hybridmem_local.llm.base import LLMError, LLMRequest
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm.base import LLMRequest
 from hybridmem_local.llm.replies import ChatBackend, Completion, schema_json
 
 #: Client errors that asking again cannot fix (408 timeout and 429 overload can be retried).

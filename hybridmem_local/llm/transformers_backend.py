@@ -16,7 +16,8 @@ from itertools import groupby
 from pathlib import Path
 
 from hybridmem_local.config import LLMConfig
-from hybridmem_local.llm.base import LLMError, LLMRequest
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm.base import LLMRequest
 from hybridmem_local.llm.constrained import OutlinesProcessors
 from hybridmem_local.llm.llamacpp import find_gguf
 from hybridmem_local.llm.replies import ChatBackend, Completion, schema_json

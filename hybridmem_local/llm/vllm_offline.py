@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from hybridmem_local.config import LLMConfig
-from hybridmem_local.llm.base import LLMError, LLMRequest
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm.base import LLMRequest
 from hybridmem_local.llm.replies import ChatBackend, Completion, schema_json
 
 log = logging.getLogger(__name__)

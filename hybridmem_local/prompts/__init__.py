@@ -15,15 +15,12 @@ from string import Template
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hybridmem_local.errors import PromptError
 from hybridmem_local.llm.base import ChatMessage
 from hybridmem_local.readers import read_yaml_mapping
 
 PROMPTS_DIR = Path(__file__).parent
 _NAME = re.compile(r"^[a-z0-9_]+$")
-
-
-class PromptError(ValueError):
-    """A prompt file is missing or malformed, or a placeholder has no value."""
 
 
 class PromptTemplate(BaseModel):

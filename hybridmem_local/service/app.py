@@ -27,7 +27,17 @@ from pydantic import AwareDatetime, Field, model_validator
 
 from hybridmem_local import __version__
 from hybridmem_local.answering import Answer
-from hybridmem_local.consolidation import ConsolidationError, ConsolidationReport, UndoReport
+from hybridmem_local.consolidation import ConsolidationReport, UndoReport
+from hybridmem_local.errors import (
+    BadRequestError,
+    ForbiddenError,
+    InvalidInputError,
+    NotFoundError,
+    NotReadyError,
+    PayloadTooLargeError,
+    RateLimitedError,
+    UnauthorizedError,
+)
 from hybridmem_local.memory import Stats
 from hybridmem_local.schema import (
     Episode,
@@ -45,12 +55,12 @@ from hybridmem_local.schema import (
 from hybridmem_local.service.errors import (
     ERROR_RESPONSES,
     ErrorResponse,
-    ServiceError,
     error_response,
     install_error_handlers,
+    invalid_input,
 )
 from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, KeyRequest, Role
-from hybridmem_local.service.limits import BodyTooLarge, RateLimiter, read_body, retry_after_header
+from hybridmem_local.service.limits import RateLimiter, read_body
 from hybridmem_local.service.models import (
     MAX_BATCH,
     MAX_K,
@@ -60,9 +70,9 @@ from hybridmem_local.service.models import (
     MemoryOut,
     MemoryPage,
 )
-from hybridmem_local.service.state import AskTimeoutError, QueueFullError, ServiceState
+from hybridmem_local.service.state import ServiceState
 from hybridmem_local.service.worker import WorkerStatus
-from hybridmem_local.store import Event, NotFoundError, SessionRecord, StoreError
+from hybridmem_local.store import Event, SessionRecord
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("hybridmem_local.service.access")
@@ -82,7 +92,10 @@ class SessionIn(StrictModel):
     turns: list[Turn] = Field(min_length=1)
 
     def to_session(self, namespace: str) -> Session:
-        return Session(namespace=namespace, session_id=self.session_id, started_at=self.started_at, turns=self.turns)
+        with invalid_input("body"):
+            return Session(
+                namespace=namespace, session_id=self.session_id, started_at=self.started_at, turns=self.turns
+            )
 
 
 class SessionBatchIn(StrictModel):
@@ -215,38 +228,36 @@ class Guard:
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             # Refused unread: a client must not make the server take in what it will not accept.
             await error_response(
-                "payload_too_large",
-                f"request body of {int(declared)} bytes is over the limit of {self.max_body} bytes "
-                "(service.max_body_bytes)",
+                PayloadTooLargeError(
+                    f"request body of {int(declared)} bytes is over the limit of {self.max_body} bytes "
+                    "(service.max_body_bytes)"
+                )
             )(scope, receive, send)
             return
         key = await self._authenticate(headers.get("authorization"))
         if isinstance(key, str):
-            await error_response("unauthorized", key, {"WWW-Authenticate": 'Bearer realm="hybridmem"'})(
-                scope, receive, send
-            )
+            await error_response(UnauthorizedError(key))(scope, receive, send)
             return
         scope.setdefault("state", {})["api_key"] = key
         wait = self.limiter.take(key.key_id)
         if wait is not None:
             await error_response(
-                "rate_limited",
-                f"API key {key.key_id} is over its rate limit of {self.limiter.rate:g} requests/s "
-                f"(burst {self.limiter.burst}); retry in {wait:.2f}s",
-                {"Retry-After": retry_after_header(wait)},
+                RateLimitedError(
+                    f"API key {key.key_id} is over its rate limit of {self.limiter.rate:g} requests/s "
+                    f"(burst {self.limiter.burst}); retry in {wait:.2f}s",
+                    retry_after=wait,
+                )
             )(scope, receive, send)
             return
         try:
             body = await read_body(receive, self.max_body)
-        except BodyTooLarge:
-            await error_response(
-                "payload_too_large", f"request body is over the limit of {self.max_body} bytes (service.max_body_bytes)"
-            )(scope, receive, send)
+        except PayloadTooLargeError as exc:
+            await error_response(exc)(scope, receive, send)
             return
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            await error_response("bad_request", f"request body is not valid UTF-8 (byte {exc.start}: {exc.reason})")(
+            await error_response(BadRequestError(f"request body is not valid UTF-8 (byte {exc.start}: {exc.reason})"))(
                 scope, receive, send
             )
             return
@@ -308,16 +319,14 @@ def _namespace_access(role: Role) -> Callable[..., str]:
     ) -> str:
         try:
             check_namespace(namespace)
-        except ValueError as exc:
-            raise ServiceError("validation_error", f"path.namespace: {exc}") from None
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"path.namespace: {exc}") from None
         key = _key(request)
         if not key.covers(namespace):
             # The same answer whether or not the namespace exists: a key learns nothing beyond its own.
-            raise ServiceError("forbidden", f"API key {key.key_id} does not reach namespace {namespace!r}")
+            raise ForbiddenError(f"API key {key.key_id} does not reach namespace {namespace!r}")
         if not key.allows(namespace, role):
-            raise ServiceError(
-                "forbidden", f"this route needs the {role.value} role; API key {key.key_id} has {key.role.value}"
-            )
+            raise ForbiddenError(f"this route needs the {role.value} role; API key {key.key_id} has {key.role.value}")
         return namespace
 
     return check
@@ -332,7 +341,7 @@ MemoryId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a memory id")]
 def _admin_key(request: Request) -> ApiKey:
     key = _key(request)
     if key.role != Role.admin:
-        raise ServiceError("forbidden", f"this route needs the admin role; API key {key.key_id} has {key.role.value}")
+        raise ForbiddenError(f"this route needs the admin role; API key {key.key_id} has {key.role.value}")
     return key
 
 
@@ -373,19 +382,14 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
     def readyz() -> Readiness:
         """Store open, embedder loaded, curation worker alive (no auth); 503 not_ready otherwise."""
         if not state.ready:
-            raise ServiceError("not_ready", "the service is not ready: store, embedder or curation worker not up")
+            raise NotReadyError("the service is not ready: store, embedder or curation worker not up")
         return Readiness(ready=True, worker=state.worker.status())
 
     # ------------------------------------------------------------------ sessions
 
     def _enqueue(namespace: str, sessions: list[SessionIn], request: Request) -> list[SessionAccepted]:
         built = [s.to_session(namespace) for s in sessions]
-        try:
-            records = state.enqueue(built)
-        except QueueFullError as exc:
-            raise ServiceError("queue_full", str(exc)) from None
-        except StoreError as exc:  # a duplicate session, or turn ids another session of the namespace uses
-            raise ServiceError("conflict", str(exc)) from None
+        records = state.enqueue(built)
         return [
             SessionAccepted(
                 namespace=namespace,
@@ -429,8 +433,8 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
         with memory() as m:
             try:
                 ids = m.add_memories(namespace, episodes=body.episodes, tuples=body.tuples)
-            except ValueError as exc:
-                raise ServiceError("validation_error", f"body: {exc}") from None
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"body: {exc}") from None
         return MemoriesAdded(namespace=namespace, ids=ids)
 
     @app.get("/v1/namespaces/{namespace}/memories", response_model=MemoryPage, tags=["memories"])
@@ -455,7 +459,7 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
         except NotFoundError:
             found = None
         if found is None or found.namespace != namespace:
-            raise ServiceError("not_found", f"no memory with id {memory_id} in namespace {namespace!r}")
+            raise NotFoundError(f"no memory with id {memory_id} in namespace {namespace!r}")
         return found
 
     @app.get("/v1/namespaces/{namespace}/memories/{memory_id}", response_model=MemoryOut, tags=["memories"])
@@ -494,12 +498,7 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
     )
     def ask(namespace: ReadNamespace, body: AskIn) -> Answer:
         """Answer a question from the namespace's memories with one LLM call; 504 after ``service.ask_timeout_s``."""
-        try:
-            return state.answer(body.question, namespace, body.question_date, body.k)
-        except AskTimeoutError as exc:
-            raise ServiceError(
-                "timeout", str(exc) or f"no answer within {state.config.service.ask_timeout_s:g}s"
-            ) from None
+        return state.answer(body.question, namespace, body.question_date, body.k)
 
     @app.get(
         "/v1/namespaces/{namespace}/export",
@@ -548,11 +547,8 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
             except NotFoundError:
                 run_namespace = None
             if run_namespace != namespace:
-                raise ServiceError("not_found", f"no consolidation run {run_id} in namespace {namespace!r}")
-            try:
-                return m.undo(run_id)
-            except ConsolidationError as exc:
-                raise ServiceError("conflict", str(exc)) from None
+                raise NotFoundError(f"no consolidation run {run_id} in namespace {namespace!r}")
+            return m.undo(run_id)
 
     @app.get("/v1/keys", response_model=list[ApiKey], tags=["keys"])
     def list_keys(admin: AdminKey) -> list[ApiKey]:
@@ -565,8 +561,8 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
         """A new key for namespaces this admin key reaches; its token is in this answer only."""
         outside = [ns for ns in body.namespaces if not admin.covers(ns)]
         if outside:
-            raise ServiceError(
-                "forbidden", f"API key {admin.key_id} cannot create keys for namespaces it does not reach: {outside}"
+            raise ForbiddenError(
+                f"API key {admin.key_id} cannot create keys for namespaces it does not reach: {outside}"
             )
         with keys_lock:
             key, token = state.keys.create(body.namespaces, body.role, body.label)
@@ -581,7 +577,7 @@ def create_app(state: ServiceState, *, require_auth: bool = True) -> FastAPI:
             except NotFoundError:
                 key = None
             if key is None or not _manages(admin, key):
-                raise ServiceError("not_found", f"no API key {key_id} among the keys this admin key manages")
+                raise NotFoundError(f"no API key {key_id} among the keys this admin key manages")
             return state.keys.revoke(key_id)
 
     from hybridmem_local.service.mcp_server import mount_mcp

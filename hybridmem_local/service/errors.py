@@ -1,13 +1,17 @@
-"""Every error the service answers with: ``{"error": {"code": ..., "message": ...}}``.
+"""How the HTTP API answers an error: ``{"error": {"code": ..., "message": ...}}`` with its status.
 
-The ``code`` is stable (clients branch on it); the message names what is wrong (the field, the
-namespace, the limit) so a person can fix the request. Library exceptions map to codes here, in
-one place, so each route only says what it does.
+The code and the status come from the library's one table (``hybridmem_local.errors.ERROR_CODES``),
+so a route only raises what went wrong (``NotFoundError``, ``ForbiddenError``...) and the answer
+follows. Only the library's own errors carry their code and message out; anything else, and any
+error whose code is ``internal``, is logged with its traceback and answered ``internal`` without
+its text.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,29 +20,20 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hybridmem_local.llm.base import LLMError
-from hybridmem_local.model_registry import ModelRegistryError
-from hybridmem_local.store import DuplicateSessionError, NotFoundError
+from hybridmem_local.errors import (
+    ERROR_CODES,
+    BadRequestError,
+    HybridMemError,
+    InvalidInputError,
+    MethodNotAllowedError,
+    NotFoundError,
+    RateLimitedError,
+    UnauthorizedError,
+    UnsupportedMediaTypeError,
+)
+from hybridmem_local.service.limits import retry_after_header
 
 log = logging.getLogger(__name__)
-
-#: code → HTTP status, the documented contract (README / docs/deployment.md).
-ERROR_CODES: dict[str, int] = {
-    "bad_request": 400,
-    "unauthorized": 401,
-    "forbidden": 403,
-    "not_found": 404,
-    "method_not_allowed": 405,
-    "conflict": 409,
-    "payload_too_large": 413,
-    "unsupported_media_type": 415,
-    "validation_error": 422,
-    "rate_limited": 429,
-    "internal": 500,
-    "queue_full": 503,
-    "not_ready": 503,
-    "timeout": 504,
-}
 
 
 class ErrorBody(BaseModel):
@@ -56,20 +51,21 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-class ServiceError(Exception):
-    """An error with its stable code; raised by routes and middleware, answered by :func:`error_response`."""
+def error_response(error: HybridMemError) -> JSONResponse:
+    """The answer for one of the library's errors (``internal`` ones should go through :func:`internal_error`)."""
+    body = ErrorResponse(error=ErrorBody(code=error.code, message=error.message))
+    headers: dict[str, str] = {}
+    if isinstance(error, RateLimitedError) and error.retry_after is not None:
+        headers["Retry-After"] = retry_after_header(error.retry_after)
+    if isinstance(error, UnauthorizedError):
+        headers["WWW-Authenticate"] = 'Bearer realm="hybridmem"'
+    return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
 
-    def __init__(self, code: str, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.code = code
-        self.status = ERROR_CODES[code]
-        self.message = message
-        self.headers = headers or {}
 
-
-def error_response(code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = ErrorResponse(error=ErrorBody(code=code, message=message))
-    return JSONResponse(body.model_dump(), status_code=ERROR_CODES[code], headers=headers)
+def internal_error(exc: BaseException, where: str) -> HybridMemError:
+    """Log ``exc`` with its traceback; the error to answer instead, which does not repeat its text."""
+    log.error("internal error on %s", where, exc_info=exc)
+    return HybridMemError(f"internal error ({type(exc).__name__}); see the server log")
 
 
 def describe_validation_errors(errors: list[Any], prefix_from: int = 0) -> str:
@@ -82,65 +78,62 @@ def describe_validation_errors(errors: list[Any], prefix_from: int = 0) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+@contextmanager
+def invalid_input(where: str) -> Iterator[None]:
+    """Pydantic's refusal of data a caller sent, as an InvalidInputError naming each field under ``where``.
+
+    Only around building models from a request: a ValidationError anywhere else is a bug (internal).
+    """
+    try:
+        yield
+    except ValidationError as exc:
+        located = [{**e, "loc": (where, *e["loc"])} for e in exc.errors()]
+        raise InvalidInputError(describe_validation_errors(located)) from None
+
+
 #: Documented error answers for the OpenAPI schema of every route.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": ", ".join(c for c, s in ERROR_CODES.items() if s == status)}
+    status: {"model": ErrorResponse, "description": ", ".join(c for c, e in ERROR_CODES.items() if e.status == status)}
     for status in (400, 401, 403, 404, 409, 413, 415, 422, 429, 503, 504)
 }
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(exc.code, exc.message, exc.headers)
+    @app.exception_handler(HybridMemError)
+    async def _library_error(request: Request, exc: HybridMemError) -> JSONResponse:
+        if exc.code == "internal":
+            return error_response(internal_error(exc, f"{request.method} {request.url.path}"))
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in errors):
-            # FastAPI parses a body as JSON only when it says so; anything else arrives as raw bytes.
-            return error_response(
-                "unsupported_media_type",
-                f"request body must be JSON sent with Content-Type: application/json "
-                f"(got {request.headers.get('content-type') or 'no Content-Type'})",
-            )
-        if any(e.get("type") == "json_invalid" for e in errors):
-            detail = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get("error", "")
-            return error_response("bad_request", f"request body is not valid JSON: {detail}".rstrip(": "))
-        return error_response("validation_error", describe_validation_errors(errors))
-
-    @app.exception_handler(ValidationError)
-    async def _model_invalid(request: Request, exc: ValidationError) -> JSONResponse:
-        # A library model built inside a route (e.g. a Session from its body) refused the data.
-        return error_response("validation_error", describe_validation_errors(exc.errors()))
-
-    @app.exception_handler(NotFoundError)
-    async def _not_found(request: Request, exc: NotFoundError) -> JSONResponse:
-        return error_response("not_found", str(exc.args[0]) if exc.args else "not found")
-
-    @app.exception_handler(DuplicateSessionError)
-    async def _duplicate(request: Request, exc: DuplicateSessionError) -> JSONResponse:
-        return error_response("conflict", str(exc))
-
-    @app.exception_handler(LLMError)
-    @app.exception_handler(ModelRegistryError)
-    async def _llm_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        # The model file is missing or its server unreachable: the service is up but cannot answer.
-        log.error("LLM unavailable on %s %s: %s", request.method, request.url.path, exc)
-        return error_response("not_ready", f"the LLM is not available: {exc}")
+        return error_response(_request_error(request, list(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        where = f"{request.method} {request.url.path}"
         if exc.status_code == 404:
-            return error_response("not_found", f"no route {request.method} {request.url.path}")
+            return error_response(NotFoundError(f"no route {where}"))
         if exc.status_code == 405:
-            return error_response("method_not_allowed", f"{request.method} is not allowed on {request.url.path}")
+            return error_response(MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}"))
         if exc.status_code == 400:
-            return error_response("bad_request", str(exc.detail))
-        log.error("unexpected HTTP error %s: %s", exc.status_code, exc.detail)
-        return error_response("internal", f"unexpected HTTP error {exc.status_code}")
+            return error_response(BadRequestError(str(exc.detail)))
+        return error_response(internal_error(exc, where))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        return error_response("internal", f"internal error ({type(exc).__name__}); see the server log")
+        return error_response(internal_error(exc, f"{request.method} {request.url.path}"))
+
+
+def _request_error(request: Request, errors: list[Any]) -> HybridMemError:
+    """What is wrong with a request FastAPI could not parse into a route's arguments."""
+    if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in errors):
+        # FastAPI parses a body as JSON only when it says so; anything else arrives as raw bytes.
+        return UnsupportedMediaTypeError(
+            f"request body must be JSON sent with Content-Type: application/json "
+            f"(got {request.headers.get('content-type') or 'no Content-Type'})"
+        )
+    if any(e.get("type") == "json_invalid" for e in errors):
+        detail = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get("error", "")
+        return BadRequestError(f"request body is not valid JSON: {detail}".rstrip(": "))
+    return InvalidInputError(describe_validation_errors(errors))

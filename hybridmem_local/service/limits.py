@@ -8,11 +8,9 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
+from hybridmem_local.errors import PayloadTooLargeError
+
 Receive = Callable[[], Awaitable[dict]]
-
-
-class BodyTooLarge(Exception):
-    """The request body grew past the limit while it was being read."""
 
 
 class RateLimiter:
@@ -48,7 +46,7 @@ def retry_after_header(seconds: float) -> str:
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body, raising :class:`BodyTooLarge` as soon as it passes ``limit`` bytes
+    """The whole request body, raising PayloadTooLargeError as soon as it passes ``limit`` bytes
     (a client may lie in Content-Length or send chunks without one)."""
     chunks: list[bytes] = []
     size = 0
@@ -59,7 +57,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise BodyTooLarge(size)
+            raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes (service.max_body_bytes)")
         chunks.append(chunk)
         if not message.get("more_body", False):
             break

@@ -19,10 +19,10 @@ with the HTTP API's stable code (``forbidden: ...``, ``not_found: ...``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import anyio
 from fastapi import FastAPI
@@ -30,12 +30,20 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.types import ToolAnnotations
-from pydantic import AwareDatetime, Field
+from mcp.types import CallToolResult, InputRequiredResult, ToolAnnotations
+from pydantic import AwareDatetime, Field, ValidationError
 from starlette.routing import Route
 
 from hybridmem_local import __version__
 from hybridmem_local.answering import Answer
+from hybridmem_local.errors import (
+    ForbiddenError,
+    HybridMemError,
+    InvalidInputError,
+    NotFoundError,
+    UnauthorizedError,
+    error_text,
+)
 from hybridmem_local.schema import (
     EpisodeDraft,
     MemoryKind,
@@ -47,10 +55,10 @@ from hybridmem_local.schema import (
     Turn,
     check_namespace,
 )
+from hybridmem_local.service.errors import describe_validation_errors, internal_error, invalid_input
 from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, Role
 from hybridmem_local.service.models import MAX_K, MAX_QUERY_CHARS, MemoriesAdded, MemoryOut, MemoryPage
-from hybridmem_local.service.state import AskTimeoutError, QueueFullError, ServiceState
-from hybridmem_local.store import NotFoundError, StoreError
+from hybridmem_local.service.state import ServiceState
 
 #: Where ``hybridmem serve`` answers MCP.
 MCP_PATH = "/mcp"
@@ -93,7 +101,7 @@ class DeletedMemory(StrictModel):
 
 class ToolScope(Protocol):
     def namespace(self, ctx: Context, requested: str | None, role: Role) -> str:
-        """The namespace a tool call acts on, or a ToolError saying why it may not."""
+        """The namespace a tool call acts on, or the error saying why it may not (ForbiddenError...)."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +112,9 @@ class FixedNamespace:
 
     def namespace(self, ctx: Context, requested: str | None, role: Role) -> str:
         if requested is not None and requested != self.fixed:
-            raise ToolError(
-                f"forbidden: this MCP server serves namespace {self.fixed!r} only (fixed with --namespace at "
-                "start-up); leave namespace out"
+            raise ForbiddenError(
+                f"this MCP server serves namespace {self.fixed!r} only (fixed with --namespace at start-up); "
+                "leave namespace out"
             )
         return self.fixed
 
@@ -118,19 +126,17 @@ class BearerKeyScope:
         key = _request_key(ctx)
         if requested is None:
             if len(key.namespaces) != 1 or key.namespaces[0] == ALL_NAMESPACES:
-                raise ToolError(f"validation_error: API key {key.key_id} reaches several namespaces; pass namespace")
+                raise InvalidInputError(f"API key {key.key_id} reaches several namespaces; pass namespace")
             requested = key.namespaces[0]
         try:
             check_namespace(requested)
-        except ValueError as exc:
-            raise ToolError(f"validation_error: namespace: {exc}") from None
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"namespace: {exc}") from None
         if not key.covers(requested):
             # Worded the same whether or not the namespace exists: a key learns nothing beyond its own.
-            raise ToolError(f"forbidden: API key {key.key_id} does not reach namespace {requested!r}")
+            raise ForbiddenError(f"API key {key.key_id} does not reach namespace {requested!r}")
         if not key.allows(requested, role):
-            raise ToolError(
-                f"forbidden: this tool needs the {role.value} role; API key {key.key_id} has {key.role.value}"
-            )
+            raise ForbiddenError(f"this tool needs the {role.value} role; API key {key.key_id} has {key.role.value}")
         return requested
 
 
@@ -139,28 +145,38 @@ def _request_key(ctx: Context) -> ApiKey:
     key = request.scope.get("state", {}).get("api_key") if request is not None else None
     if not isinstance(key, ApiKey):
         # Only reachable if the MCP app were served without the Guard in front of it.
-        raise ToolError("unauthorized: no authenticated API key on this request")
+        raise UnauthorizedError("no authenticated API key on this request")
     return key
 
 
-@contextmanager
-def _as_tool_errors() -> Iterator[None]:
-    """Library errors as tool errors the agent can act on, prefixed with the HTTP API's codes.
+class CodedMCPServer(MCPServer):
+    """An MCPServer whose failed tool calls say what went wrong by the library's stable code.
 
-    Anything else propagates: the SDK reports it as a generic failure and logs the traceback.
+    The SDK wraps whatever a tool raises; here the error under the wrapper decides the text of
+    the ``isError`` result: a library error becomes ``code: message`` (``not_found: no memory with
+    id 7 ...``), arguments that fail the tool's schema ``validation_error: ...`` naming each field,
+    and anything else ``internal: ...`` without its text (logged here with its traceback).
     """
-    try:
-        yield
-    except NotFoundError as exc:
-        raise ToolError(f"not_found: {exc.args[0] if exc.args else exc}") from None
-    except QueueFullError as exc:
-        raise ToolError(f"queue_full: {exc}; retry later") from None
-    except AskTimeoutError as exc:
-        raise ToolError(f"timeout: {exc}") from None
-    except StoreError as exc:  # a duplicate session id, or turn ids another session already uses
-        raise ToolError(f"conflict: {exc}") from None
-    except ValueError as exc:  # pydantic's ValidationError included
-        raise ToolError(f"validation_error: {exc}") from None
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            raise ToolError(error_text(_coded(exc, name))) from exc.__cause__
+
+
+def _coded(exc: ToolError, tool: str) -> HybridMemError:
+    """The library error a failed tool call stands for."""
+    cause = exc.__cause__
+    if isinstance(cause, HybridMemError) and cause.code != "internal":
+        return cause
+    if isinstance(cause, ValidationError):  # the arguments do not fit the tool's input schema
+        return InvalidInputError(describe_validation_errors(cause.errors()))
+    if cause is None:  # the SDK's own refusal, e.g. an unknown tool name
+        return NotFoundError(str(exc))
+    return internal_error(cause, f"MCP tool {tool}")
 
 
 # --------------------------------------------------------------------------- the tools
@@ -180,7 +196,7 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
             if owns_state:
                 await anyio.to_thread.run_sync(state.close)
 
-    server = MCPServer("hybridmem", instructions=INSTRUCTIONS, version=__version__, lifespan=lifespan)
+    server = CodedMCPServer("hybridmem", instructions=INSTRUCTIONS, version=__version__, lifespan=lifespan)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))
@@ -211,9 +227,9 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
         turns into episodic memories and facts shortly after, and only then does `search` find them.
         Needs a write key."""
         ns = scope.namespace(ctx, namespace, Role.write)
-        with _as_tool_errors():
+        with invalid_input("arguments"):
             session = Session(namespace=ns, session_id=session_id, started_at=started_at, turns=turns)
-            [record] = state.enqueue([session])
+        [record] = state.enqueue([session])
         return SessionQueued(namespace=ns, session_id=session_id, curation_status=record.curation_status)
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False))
@@ -235,8 +251,8 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
         context}. source_turn_ids, if given, must name stored turns. Needs a write key."""
         ns = scope.namespace(ctx, namespace, Role.write)
         if not episodes and not tuples:
-            raise ToolError("validation_error: give at least one of episodes or tuples")
-        with _as_tool_errors(), state.memory() as memory:
+            raise InvalidInputError("give at least one of episodes or tuples")
+        with state.memory() as memory:
             ids = memory.add_memories(ns, episodes=episodes, tuples=tuples)
         return MemoriesAdded(namespace=ns, ids=ids)
 
@@ -259,7 +275,7 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
         top-2k facts with scores and their source turn ids. No LLM call, so it is fast; prefer it over
         `ask` when you will reason over the memories yourself."""
         ns = scope.namespace(ctx, namespace, Role.read)
-        with _as_tool_errors(), state.memory() as memory:
+        with state.memory() as memory:
             return memory.search(query, namespace=ns, k=k)
 
     @server.tool(annotations=reads)
@@ -280,8 +296,7 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
         cites the memories it used (with their source turn ids); an empty answer with `error` set
         means the model gave no usable reply."""
         ns = scope.namespace(ctx, namespace, Role.read)
-        with _as_tool_errors():
-            return state.answer(question, ns, question_date, k)
+        return state.answer(question, ns, question_date, k)
 
     @server.tool(annotations=reads)
     def list_memories(
@@ -300,7 +315,7 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
         find the id of a memory to delete. To find memories relevant to a question, use `search`."""
         ns = scope.namespace(ctx, namespace, Role.read)
         wanted = None if status == "any" else MemoryStatus(status)
-        with _as_tool_errors(), state.memory() as memory:
+        with state.memory() as memory:
             rows = memory.list(ns, kind=kind, status=wanted, limit=limit + 1, offset=offset)
         more = len(rows) > limit
         return MemoryPage(
@@ -326,7 +341,7 @@ def build_mcp_server(state: ServiceState, scope: ToolScope, *, owns_state: bool 
         wrong (then store the correct one with `add_memory`). Find the id with `search` or
         `list_memories` first. Needs a write key."""
         ns = scope.namespace(ctx, namespace, Role.write)
-        with _as_tool_errors(), state.memory() as memory:
+        with state.memory() as memory:
             try:
                 found = memory.get(memory_id)
             except NotFoundError:

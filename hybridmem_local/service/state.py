@@ -40,6 +40,7 @@ import numpy as np
 from hybridmem_local.answering import Answer, answer_from_context
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder, build_embedder
+from hybridmem_local.errors import AskTimeoutError, NotReadyError, QueueFullError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session
@@ -52,14 +53,6 @@ log = logging.getLogger(__name__)
 #: ``ask`` calls waiting for (or holding) the LLM at once; more queue here. The LLM serves one
 #: call at a time anyway, so more threads would only wait.
 ASK_THREADS = 4
-
-
-class QueueFullError(RuntimeError):
-    """Adding the sessions would put more than ``service.max_pending_sessions`` in the queue."""
-
-
-class AskTimeoutError(TimeoutError):
-    """``ask`` got no answer within ``service.ask_timeout_s`` (the LLM was busy, or slow)."""
 
 
 class SerializedEmbedder:
@@ -225,7 +218,7 @@ class ServiceState:
         """The request-side HybridMemory, to this thread alone while the block runs."""
         with self._memory_lock:
             if self._memory is None:
-                raise RuntimeError("the service state is not open")
+                raise NotReadyError("the service state is not open")
             yield self._memory
 
     def enqueue(self, sessions: Sequence[Session]) -> list[SessionRecord]:
@@ -260,7 +253,7 @@ class ServiceState:
             result = memory.answer_search(question, namespace=namespace, k=k)
             options = memory.answer_options()
         if self._ask_pool is None:
-            raise RuntimeError("the service state is not open")
+            raise NotReadyError("the service state is not open")
 
         def call_llm() -> Answer:
             with self.llm.held(deadline - time.monotonic()) as llm:

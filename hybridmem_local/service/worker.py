@@ -26,23 +26,17 @@ from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder
+from hybridmem_local.errors import AlreadyCuratedError, NotFoundError, WorkerStopped
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, utcnow
-from hybridmem_local.store import AlreadyCuratedError, MemoryStore, NotFoundError
+from hybridmem_local.store import MemoryStore
 
 log = logging.getLogger(__name__)
 
 #: How long ``stop`` waits for the batch in flight. Its writes take milliseconds; only an LLM
 #: call (minutes on a CPU) outlasts this, and that batch is abandoned: its sessions stay pending.
 STOP_WAIT_S = 10.0
-
-
-class WorkerStopped(Exception):
-    """Raised out of an LLM call once ``stop`` gave up waiting: nothing of the batch is written.
-
-    Not an LLMError on purpose: the curator turns those into ``curation_failed`` sessions.
-    """
 
 
 class WorkerStatus(BaseModel):

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from hybridmem_local.cli import app
 from hybridmem_local.config import load_config
-from hybridmem_local.llm.base import LLMError
+from hybridmem_local.errors import LLMError
 from hybridmem_local.memory import HybridMemory
 from tests.fake_vllm_server import ChatServer, Hangup, Sleep, Status, curation_reply, turn_lines
 from tests.faults.corpus import curated_sessions, write_jsonl

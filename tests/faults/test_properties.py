@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 
 from hybridmem_local.config import load_config
 from hybridmem_local.consolidation import (
-    ConsolidationError,
     ConsolidationPlan,
     ConsolidationReport,
     EpisodePlan,
@@ -31,6 +30,7 @@ from hybridmem_local.consolidation import (
     TuplePlan,
     validate_plan,
 )
+from hybridmem_local.errors import ConsolidationError
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import EpisodeDraft, TupleDraft
 from tests.faults.corpus import PEOPLE, PLACES, THINGS, VERBS

@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hybridmem_local.cli import app
+from hybridmem_local.errors import StoreError
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.store import StoreError
 from tests.faults.corpus import QUERIES, curated_sessions, write_jsonl
 from tests.faults.invariants import assert_integrity, session_states
 

@@ -16,10 +16,19 @@ import pytest
 
 import hybridmem_local.client as client_module
 from hybridmem_local.answering import Answer
-from hybridmem_local.client import HybridMemoryClient, ServiceError
+from hybridmem_local.client import HybridMemoryClient
+from hybridmem_local.errors import (
+    AskTimeoutError,
+    ConflictError,
+    ForbiddenError,
+    HybridMemError,
+    NotFoundError,
+    QueueFullError,
+    RateLimitedError,
+    UnauthorizedError,
+)
 from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple, SearchResult, Session, TupleDraft, Turn
-from hybridmem_local.service.state import AskTimeoutError, QueueFullError
-from hybridmem_local.store import Event, NotFoundError, SessionRecord
+from hybridmem_local.store import Event, SessionRecord
 from tests.fake_vllm_server import ChatServer, Sleep
 from tests.service.http_harness import live_service
 from tests.service.scripted_llm import ANSWER, llm_settings, respond
@@ -157,7 +166,7 @@ def test_errors_come_back_as_the_library_exceptions(service, tokens, tmp_path):
     with HybridMemoryClient(service.url, api_key=tokens["write"]) as client:
         with pytest.raises(NotFoundError) as missing:
             client.get(10**12, namespace="alice")
-        assert isinstance(missing.value, ServiceError) and (missing.value.code, missing.value.status) == (
+        assert isinstance(missing.value, HybridMemError) and (missing.value.code, missing.value.status) == (
             "not_found",
             404,
         )
@@ -167,24 +176,24 @@ def test_errors_come_back_as_the_library_exceptions(service, tokens, tmp_path):
         with pytest.raises(ValueError, match="invalid namespace"):  # refused before any request, as in-process
             client.search(QUESTION, namespace="../carol")
         client.add_session(session("dup"))
-        with pytest.raises(ServiceError) as duplicate:
+        with pytest.raises(ConflictError) as duplicate:
             client.add_session(session("dup"))
         assert (duplicate.value.code, duplicate.value.status) == ("conflict", 409)
-        with pytest.raises(ServiceError) as other:
+        with pytest.raises(ForbiddenError) as other:
             client.search(QUESTION, namespace="carol")
         assert (other.value.code, other.value.status) == ("forbidden", 403) and "carol" in other.value.message
-        with pytest.raises(ServiceError) as not_admin:
+        with pytest.raises(ForbiddenError) as not_admin:
             client.forget("alice")
         assert not_admin.value.code == "forbidden"
 
     with HybridMemoryClient(service.url, api_key=tokens["read"]) as reader:
-        with pytest.raises(ServiceError) as read_only:
+        with pytest.raises(ForbiddenError) as read_only:
             reader.add_memories("alice", episodes=EPISODES[:1])
         assert read_only.value.code == "forbidden" and "write" in read_only.value.message
 
     for token in (None, "hm_00000000_" + "x" * 43):
         with HybridMemoryClient(service.url, api_key=token) as stranger:
-            with pytest.raises(ServiceError) as refused:
+            with pytest.raises(UnauthorizedError) as refused:
                 stranger.stats("alice")
             assert (refused.value.code, refused.value.status) == ("unauthorized", 401)
 
@@ -223,7 +232,7 @@ def test_a_full_queue_a_rate_limit_and_a_slow_answer_raise_their_own_errors(tmp_
             with HybridMemoryClient(svc.url, api_key=searcher) as client:
                 for _ in range(3):
                     client.search(QUESTION, namespace="alice")
-                with pytest.raises(ServiceError) as limited:
+                with pytest.raises(RateLimitedError) as limited:
                     client.search(QUESTION, namespace="alice")
                 assert (limited.value.code, limited.value.status) == ("rate_limited", 429)
                 assert limited.value.retry_after is not None and limited.value.retry_after >= 1

@@ -10,8 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from hybridmem_local.cli import app
+from hybridmem_local.errors import NotFoundError
 from hybridmem_local.service.keys import ApiKey, KeyRing, Role
-from hybridmem_local.store import SCHEMA_VERSION, MemoryStore, NotFoundError
+from hybridmem_local.store import SCHEMA_VERSION, MemoryStore
 
 runner = CliRunner()
 

@@ -21,13 +21,14 @@ import httpx
 import httpx2
 import pytest
 import yaml
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from hybridmem_local.answering import Answer
 from hybridmem_local.config import load_config
 from hybridmem_local.schema import SearchResult
 from hybridmem_local.service.app import create_app
+from hybridmem_local.service.mcp_server import FixedNamespace, build_mcp_server
 from hybridmem_local.service.state import ServiceState
 from tests.fake_vllm_server import ChatServer
 from tests.service.live import REPO, ThreadedServer
@@ -190,6 +191,24 @@ def test_stdio_server_lists_and_calls_every_tool_in_its_fixed_namespace(tmp_path
         assert store.integrity_check() == "ok"
     finally:
         store.close()
+
+
+def test_ask_without_a_usable_llm_is_a_not_ready_tool_error(tmp_path, minilm):
+    """The same code as the HTTP API's 503 (the MCP tools had none for it)."""
+    missing = tmp_path / "no-such-model.gguf"
+    config = load_config(None, {"llm.path": str(missing)})
+    state = ServiceState(tmp_path / "memory.db", config, embedder=minilm, start_worker=False)
+    state.open()
+
+    async def main() -> Any:
+        async with Client(build_mcp_server(state, FixedNamespace("alice"))) as client:
+            return await client.call_tool("ask", {"question": QUESTION})
+
+    try:
+        result = anyio.run(main)
+    finally:
+        state.close()
+    assert result.is_error and text_of(result).startswith("not_ready: ") and str(missing) in text_of(result)
 
 
 def test_stdio_server_refuses_a_bad_namespace_before_starting(tmp_path):

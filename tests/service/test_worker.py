@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from hybridmem_local.config import Config, load_config
+from hybridmem_local.errors import AskTimeoutError, DuplicateSessionError, QueueFullError
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session
-from hybridmem_local.service.state import AskTimeoutError, QueueFullError, ServiceState
-from hybridmem_local.store import DuplicateSessionError
+from hybridmem_local.service.state import ServiceState
 from tests.fake_vllm_server import Barrier, ChatServer, Sleep, Status, curation_reply, session_key
 from tests.faults.corpus import curated_sessions
 

@@ -50,7 +50,8 @@ def _unavailable() -> str | None:
             "vLLM is not installed in this interpreter (it needs its own venv): run scripts/install_vllm.sh, "
             "then .venv-vllm/bin/python -m pytest -m vllm tests/vllm/"
         )
-    from hybridmem_local.model_registry import ModelRegistryError, resolve_model
+    from hybridmem_local.errors import ModelRegistryError
+    from hybridmem_local.model_registry import resolve_model
 
     try:
         resolve_model(MODEL, models_dir=REPO / "models")

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from hybridmem_local.config import LLMConfig
-from hybridmem_local.llm import ChatMessage, LLMError, LLMRequest, build_llm
+from hybridmem_local.errors import LLMError
+from hybridmem_local.llm import ChatMessage, LLMRequest, build_llm
 
 
 def _ask(content: str, max_new_tokens: int = 32) -> LLMRequest:
