@@ -4,6 +4,7 @@ Heavy dependencies (torch, sentence-transformers, llama.cpp, vLLM, cuML, UMAP) a
 only by the backend that needs them, so importing this package stays fast.
 """
 
+from hybridmem_local.api import MemoryAPI
 from hybridmem_local.config import Config, load_config
 from hybridmem_local.errors import (
     ERROR_CODES,
@@ -88,6 +89,7 @@ __all__ = [
     "InvalidInputError",
     "LLMError",
     "ManifestError",
+    "MemoryAPI",
     "MemoryStatus",
     "MethodNotAllowedError",
     "ModelNotFoundError",

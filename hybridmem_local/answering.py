@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
@@ -236,6 +237,41 @@ def answer_from_context(
             [],
         )
     return answer.model_copy(update={"latency_s": time.perf_counter() - start})
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """How a config answers (``HybridMemory.answer_options``): the settings of every answer call."""
+
+    enable_thinking: bool = False
+    #: Tokens of the answer model's tokenizer for the context; None: the fixed k / 2k selection.
+    context_budget: int | None = None
+    mode: AnswerMode = "json"
+    #: Derives a text answer's citations (``mode`` "text" needs one).
+    citer: TextCiter | None = None
+
+
+@dataclass(frozen=True)
+class PreparedAnswer:
+    """An answer retrieved and ready for its one LLM call (``HybridMemory.prepare_answer``)."""
+
+    question: str
+    question_date: datetime | None
+    search_result: SearchResult
+    options: AnswerOptions
+
+    def run(self, llm: StructuredLLM) -> Answer:
+        """The LLM call (``answer_from_context``)."""
+        return answer_from_context(
+            llm,
+            self.question,
+            self.search_result,
+            self.question_date,
+            enable_thinking=self.options.enable_thinking,
+            context_budget=self.options.context_budget,
+            mode=self.options.mode,
+            citer=self.options.citer,
+        )
 
 
 def answer_many(

@@ -3,18 +3,19 @@
     from hybridmem_local.client import HybridMemoryClient
 
     with HybridMemoryClient("https://memory.example.org", api_key=os.environ["HYBRIDMEM_KEY"]) as memory:
-        memory.add_session(session)          # queued: curated by the server's worker, not in this call
+        memory.enqueue([session])            # queued: curated by the server's worker, not in this call
         result = memory.search("Where did Alice move?", namespace="alice")
 
-Switching from in-process to remote is the line that builds ``memory``: the methods keep the
-names, arguments and pydantic return types of :class:`~hybridmem_local.memory.HybridMemory`.
-Where the service differs, the signature says so:
+Switching from in-process to remote is the line that builds ``memory``: both implement
+:class:`~hybridmem_local.api.MemoryAPI`, with the same names, arguments and pydantic return
+types. Where the service differs, the names or the arguments say so:
 
 * ``add_session`` returns at once with ``curation_status="pending"`` (the server's worker
-  curates); poll :meth:`HybridMemoryClient.get_session` for the outcome.
-* The service is namespaced, so ``get``, ``delete``, ``history``, ``undo`` and ``stats`` take a
-  ``namespace`` keyword (default ``"default"``, like ``search``); ``delete`` takes no reason
-  (the server records one).
+  curates); poll :meth:`HybridMemoryClient.get_session` for the outcome. ``enqueue`` is the
+  same in-process and here.
+* The service scopes every memory id and consolidation run by namespace, so ``get``, ``delete``,
+  ``history``, ``undo`` and ``stats`` need their ``namespace`` keyword (None, which in-process
+  means any namespace, is refused here rather than guessed).
 
 Errors: the service's answer comes back as the class of the library's error tree that its code
 names (``hybridmem_local.errors.ERROR_CODES``), with the server's message: ``NotFoundError`` for
@@ -27,14 +28,15 @@ proxy's error page) raises ``HybridMemError`` naming the HTTP status.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import datetime
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic_core import to_jsonable_python
 
 from hybridmem_local.answering import Answer
 from hybridmem_local.consolidation import ConsolidationReport, UndoReport
@@ -52,7 +54,7 @@ from hybridmem_local.schema import (
     TupleDraft,
     check_namespace,
 )
-from hybridmem_local.service.models import MAX_PAGE, MemoryOut
+from hybridmem_local.service.models import MAX_BATCH, MAX_PAGE, MemoryOut
 from hybridmem_local.store import Event, SessionRecord
 
 #: ``list`` without a limit pages through at the server's largest page.
@@ -96,6 +98,9 @@ class _ForgetReport(BaseModel):
     removed: dict[str, int]
 
 
+_SESSIONS_ACCEPTED = TypeAdapter(list[_SessionAccepted])
+
+
 class HybridMemoryClient:
     """A remote store with the methods of ``HybridMemory`` (see the module docstring)."""
 
@@ -125,8 +130,13 @@ class HybridMemoryClient:
         return response
 
     @staticmethod
-    def _ns(namespace: str) -> str:
+    def _ns(namespace: str | None, what: str = "") -> str:
         """The namespace's URL prefix; a namespace name is URL-safe once ``check_namespace`` accepts it."""
+        if namespace is None:
+            raise InvalidInputError(
+                f"the service scopes {what or 'this'} by namespace: pass namespace=... (None means any "
+                "namespace only in-process)"
+            )
         return f"/v1/namespaces/{check_namespace(namespace)}"
 
     # ------------------------------------------------------------------ writes
@@ -138,6 +148,24 @@ class HybridMemoryClient:
             self._request("POST", f"{self._ns(session.namespace)}/sessions", json=body).json()
         )
         return SessionRecord(session=session, curation_status=accepted.curation_status)
+
+    def enqueue(self, sessions: Sequence[Session]) -> list[SessionRecord]:
+        """Store sessions raw as ``pending`` for the server's worker: one request per namespace and
+        up to MAX_BATCH sessions, each all or none."""
+        records: dict[int, SessionRecord] = {}
+        by_namespace: dict[str, list[int]] = {}
+        for position, session in enumerate(sessions):
+            by_namespace.setdefault(session.namespace, []).append(position)
+        for namespace, positions in by_namespace.items():
+            for start in range(0, len(positions), MAX_BATCH):
+                chunk = positions[start : start + MAX_BATCH]
+                body = {"sessions": [sessions[i].model_dump(mode="json", exclude={"namespace"}) for i in chunk]}
+                accepted = _SESSIONS_ACCEPTED.validate_python(
+                    self._request("POST", f"{self._ns(namespace)}/sessions/batch", json=body).json()
+                )
+                for i, answer in zip(chunk, accepted, strict=True):
+                    records[i] = SessionRecord(session=sessions[i], curation_status=answer.curation_status)
+        return [records[i] for i in range(len(sessions))]
 
     def get_session(self, namespace: str, session_id: str) -> SessionRecord:
         """A stored session with its curation status (``pending``, ``curated``, ``curation_failed``)."""
@@ -157,9 +185,10 @@ class HybridMemoryClient:
             self._request("POST", f"{self._ns(namespace)}/memories", json=body).json()
         ).ids
 
-    def delete(self, memory_id: int, *, namespace: str = "default") -> None:
-        """Mark a memory deleted (kept in its history)."""
-        self._request("DELETE", f"{self._ns(namespace)}/memories/{int(memory_id)}")
+    def delete(self, memory_id: int, reason: str = "deleted by user", *, namespace: str | None = None) -> None:
+        """Mark a memory deleted (kept in its history, with ``reason``)."""
+        path = f"{self._ns(namespace, 'memory ids')}/memories/{int(memory_id)}"
+        self._request("DELETE", path, params={"reason": reason})
 
     def forget(self, namespace: str) -> dict[str, int]:
         """Remove every trace of a namespace (admin key)."""
@@ -171,14 +200,24 @@ class HybridMemoryClient:
         response = self._request("POST", f"{self._ns(namespace)}/consolidate", json={"dry_run": dry_run})
         return ConsolidationReport.model_validate(response.json())
 
-    def undo(self, run_id: int, *, namespace: str = "default") -> UndoReport:
-        response = self._request("POST", f"{self._ns(namespace)}/consolidation-runs/{int(run_id)}/undo")
-        return UndoReport.model_validate(response.json())
+    def undo(self, run_id: int, *, namespace: str | None = None) -> UndoReport:
+        path = f"{self._ns(namespace, 'consolidation runs')}/consolidation-runs/{int(run_id)}/undo"
+        return UndoReport.model_validate(self._request("POST", path).json())
 
     # ------------------------------------------------------------------ reads
 
-    def search(self, query: str, namespace: str = "default", k: int | None = None) -> SearchResult:
-        response = self._request("POST", f"{self._ns(namespace)}/search", json={"query": query, "k": k})
+    def search(
+        self,
+        query: str,
+        namespace: str = "default",
+        k: int | None = None,
+        kinds: Sequence[MemoryKind] | None = None,
+        since: date | datetime | None = None,
+        until: date | datetime | None = None,
+        min_score: float | None = None,
+    ) -> SearchResult:
+        body = {"query": query, "k": k, "kinds": kinds, "since": since, "until": until, "min_score": min_score}
+        response = self._request("POST", f"{self._ns(namespace)}/search", json=to_jsonable_python(body))
         return SearchResult.model_validate(response.json())
 
     def answer(
@@ -187,9 +226,32 @@ class HybridMemoryClient:
         body = {"question": question, "question_date": question_date.isoformat() if question_date else None, "k": k}
         return Answer.model_validate(self._request("POST", f"{self._ns(namespace)}/ask", json=body).json())
 
-    def get(self, memory_id: int, *, namespace: str = "default") -> Episode | RelationalTuple:
-        return _MEMORY.validate_python(self._request("GET", f"{self._ns(namespace)}/memories/{int(memory_id)}").json())
+    def get(self, memory_id: int, *, namespace: str | None = None) -> Episode | RelationalTuple:
+        path = f"{self._ns(namespace, 'memory ids')}/memories/{int(memory_id)}"
+        return _MEMORY.validate_python(self._request("GET", path).json())
 
+    def history(self, memory_id: int, *, namespace: str | None = None) -> list[Event]:
+        path = f"{self._ns(namespace, 'memory ids')}/memories/{int(memory_id)}/history"
+        return _EVENTS.validate_python(self._request("GET", path).json())
+
+    def stats(self, namespace: str | None = None) -> Stats:
+        return Stats.model_validate(self._request("GET", f"{self._ns(namespace, 'stats')}/stats").json())
+
+    def export(self, namespace: str, path: str | Path) -> int:
+        """Write the namespace as JSONL at ``path`` (owner-only), streamed; returns the line count."""
+        lines = 0
+        with self._http.stream("GET", f"{self._ns(namespace)}/export") as response:
+            if response.is_error:
+                response.read()
+                raise _error(response)
+            with open(path, "w", encoding="utf-8", opener=owner_only_opener) as out:
+                for line in response.iter_lines():
+                    if line:
+                        out.write(line + "\n")
+                        lines += 1
+        return lines
+
+    # Last: a method named ``list`` would shadow the builtin in the annotations after it.
     def list(
         self,
         namespace: str = "default",
@@ -214,28 +276,6 @@ class HybridMemoryClient:
             out.extend(page.items)
             next_offset = page.next_offset
         return out
-
-    def history(self, memory_id: int, *, namespace: str = "default") -> list[Event]:
-        return _EVENTS.validate_python(
-            self._request("GET", f"{self._ns(namespace)}/memories/{int(memory_id)}/history").json()
-        )
-
-    def stats(self, namespace: str = "default") -> Stats:
-        return Stats.model_validate(self._request("GET", f"{self._ns(namespace)}/stats").json())
-
-    def export(self, namespace: str, path: str | Path) -> int:
-        """Write the namespace as JSONL at ``path`` (owner-only), streamed; returns the line count."""
-        lines = 0
-        with self._http.stream("GET", f"{self._ns(namespace)}/export") as response:
-            if response.is_error:
-                response.read()
-                raise _error(response)
-            with open(path, "w", encoding="utf-8", opener=owner_only_opener) as out:
-                for line in response.iter_lines():
-                    if line:
-                        out.write(line + "\n")
-                        lines += 1
-        return lines
 
 
 def _error(response: httpx.Response) -> HybridMemError:

@@ -27,7 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hybridmem_local.config import Config, load_config
 from hybridmem_local.dedup import fold_repeats, plan_duplicates
 from hybridmem_local.embedding import Embedder, build_embedder
-from hybridmem_local.errors import DuplicateSessionError, InvalidInputError, NotFoundError
+from hybridmem_local.errors import (
+    AlreadyCuratedError,
+    DuplicateSessionError,
+    InvalidInputError,
+    NotFoundError,
+    QueueFullError,
+)
 from hybridmem_local.files import owner_only_opener
 from hybridmem_local.index import SyncReport
 from hybridmem_local.indexes import StoreIndexes
@@ -50,7 +56,7 @@ from hybridmem_local.usage import LLMUsage
 from hybridmem_local.windows import with_source_turns
 
 if TYPE_CHECKING:
-    from hybridmem_local.answering import Answer
+    from hybridmem_local.answering import Answer, AnswerOptions, PreparedAnswer
     from hybridmem_local.clustering import Clusterer
     from hybridmem_local.consolidation import ConsolidationReport, PurgeReport, UndoReport
     from hybridmem_local.curation import CurationOutcome
@@ -109,6 +115,9 @@ class HybridMemory:
         self.config = config
         self._embedder = embedder
         self._llm = llm
+        # A given LLM belongs to the caller (the service shares one between two memories); one
+        # built here from the config is closed here.
+        self._owns_llm = llm is None
         self.indexes = StoreIndexes(store, config, lambda: self.embedder)
         self.retriever = Retriever(store, self.indexes, config.retrieval)
 
@@ -123,7 +132,8 @@ class HybridMemory:
         """Open (or create) a store. ``config`` is a Config, a YAML path, or None for defaults.
 
         ``embedder`` and ``llm`` override the configured backends (both are otherwise built
-        lazily, on first use, from the config).
+        lazily, on first use, from the config). A given LLM stays the caller's to close;
+        ``close`` closes only one built here.
         """
         if not isinstance(config, Config):
             config = load_config(config)
@@ -139,7 +149,7 @@ class HybridMemory:
     def close(self) -> None:
         self.flush()
         self.retriever.close()
-        if self._llm is not None and hasattr(self._llm, "close"):
+        if self._owns_llm and self._llm is not None:
             self._llm.close()
         self.store.close()
 
@@ -199,6 +209,31 @@ class HybridMemory:
         self._ingest(sessions, curate, report, on_progress)
         return report
 
+    def enqueue(self, sessions: Sequence[Session], max_pending: int | None = None) -> list[SessionRecord]:
+        """Store sessions raw as ``pending`` for a curator to take later (``curate_pending``, or the
+        service's worker), in one transaction: all or none.
+
+        Raises DuplicateSessionError (or DuplicateTurnError) when a session id (or a turn id) is
+        already stored in its namespace, and QueueFullError when the pending sessions of all
+        namespaces would then be more than ``max_pending``; nothing is stored either way.
+        """
+        with self.store.transaction():
+            # Counted inside the write transaction: no other writer can add pending rows meanwhile.
+            pending = self.store.count_sessions("pending")
+            if max_pending is not None and pending + len(sessions) > max_pending:
+                raise QueueFullError(
+                    f"the curation queue holds {pending} sessions; adding {len(sessions)} would pass "
+                    f"service.max_pending_sessions={max_pending}"
+                )
+            for session in sessions:
+                self.store.insert_session(session, curation_status="pending")
+        return [SessionRecord(session=session, curation_status="pending") for session in sessions]
+
+    def get_session(self, namespace: str, session_id: str) -> SessionRecord:
+        """A stored session with its turns and curation status (``pending``, ``curated``, ``curation_failed``)."""
+        check_namespace(namespace)
+        return self.store.get_session(namespace, session_id)
+
     def _ingest(
         self, sessions: Sequence[Session], curate: bool, report: IngestReport, on_progress: ProgressCallback | None
     ) -> dict[tuple[str, str], list[int]]:
@@ -227,9 +262,33 @@ class HybridMemory:
     ) -> IngestReport:
         """Curate sessions stored raw (``pending``), and failed ones too with ``retry_failed``,
         oldest first; at most ``limit`` of them when given."""
+        sessions = self.sessions_to_curate(namespace, retry_failed=retry_failed, limit=limit)
+        return self.curate_stored(sessions, on_progress=on_progress)
+
+    def sessions_to_curate(
+        self, namespace: str | None = None, retry_failed: bool = False, limit: int | None = None
+    ) -> list[Session]:
+        """Sessions stored raw (``pending``; ``curation_failed`` too with ``retry_failed``), oldest
+        first, of one namespace or all; at most ``limit``."""
         statuses = ["pending"] + (["curation_failed"] if retry_failed else [])
-        records = self.store.sessions_to_curate(statuses, namespace=namespace, limit=limit)
-        return self.curate_stored([r.session for r in records], on_progress=on_progress)
+        return [r.session for r in self.store.sessions_to_curate(statuses, namespace=namespace, limit=limit)]
+
+    def mark_curation_failed(self, sessions: Sequence[Session], error: str) -> int:
+        """Mark those of ``sessions`` still pending ``curation_failed`` with ``error`` (their raw
+        turns stay, for ``curate_pending(retry_failed=True)``); a session curated meanwhile, or whose
+        namespace was forgotten, is left alone. Returns how many were marked."""
+        marked = 0
+        for session in sessions:
+            try:
+                if self.store.get_session(session.namespace, session.session_id).curation_status != "pending":
+                    continue  # stored before the error, or curated by another process
+                self.store.set_curation_status(
+                    session.namespace, session.session_id, "curation_failed", error, require_uncurated=True
+                )
+                marked += 1
+            except (AlreadyCuratedError, NotFoundError):  # curated meanwhile, or its namespace forgotten
+                continue
+        return marked
 
     def curate_stored(self, sessions: Sequence[Session], on_progress: ProgressCallback | None = None) -> IngestReport:
         """Curate sessions already stored (pending or failed) in batches, then run the
@@ -450,9 +509,10 @@ class HybridMemory:
                 for sources, new in replacements
             ]
 
-    def delete(self, memory_id: int, reason: str = "deleted by user") -> None:
-        """Mark a memory deleted (kept in history; ``forget`` removes data physically)."""
-        memory = self.get(memory_id)
+    def delete(self, memory_id: int, reason: str = "deleted by user", *, namespace: str | None = None) -> None:
+        """Mark a memory deleted (kept in history; ``forget`` removes data physically); with
+        ``namespace``, only if it is that namespace's (NotFoundError otherwise)."""
+        memory = self.get(memory_id, namespace=namespace)
         if memory.status == MemoryStatus.deleted:
             return
         self.store.set_status(memory_id, MemoryStatus.deleted, reason=reason)
@@ -567,16 +627,24 @@ class HybridMemory:
         )
         return report
 
-    def undo(self, run_id: int) -> UndoReport:
+    def undo(self, run_id: int, *, namespace: str | None = None) -> UndoReport:
         """Restore exactly the state before consolidation run ``run_id``, in one transaction.
 
         Sources and deleted memories get back their previous status, reason and pointer; the run's
         merged rows are marked deleted ("undo of run N"); the run becomes 'undone'. Refused
         (ConsolidationError, nothing changed) when a memory the run touched was changed since (by
-        a later run: undo that one first) or purged.
+        a later run: undo that one first) or purged. With ``namespace``, only a run of that
+        namespace is undone (NotFoundError otherwise).
         """
         from hybridmem_local.consolidation import UndoReport, plan_undo
 
+        if namespace is not None:
+            try:
+                run_namespace = self.store.consolidation_run(run_id)["namespace"]
+            except NotFoundError:
+                run_namespace = None
+            if run_namespace != namespace:
+                raise NotFoundError(f"no consolidation run {run_id} in namespace {namespace!r}")
         with self.store.transaction():
             plan = plan_undo(self.store, run_id)
             for memory_id, before in plan.restore.items():
@@ -680,10 +748,22 @@ class HybridMemory:
         self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
     ) -> Answer:
         """Retrieve (``answer_search``) and answer with one LLM call, as ``answering`` configures."""
-        from hybridmem_local.answering import answer_from_context
+        return self.prepare_answer(question, namespace, question_date, k).run(self.llm)
 
-        result = self.answer_search(question, namespace=namespace, k=k)
-        return answer_from_context(self.llm, question, result, question_date, **self.answer_options())
+    def prepare_answer(
+        self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
+    ) -> PreparedAnswer:
+        """Everything of ``answer`` but the LLM call: its retrieval and its settings. ``answer`` is
+        ``prepare_answer(...).run(self.llm)``; the service retrieves under its store lock and makes
+        the call outside it, so a slow model holds up no other request."""
+        from hybridmem_local.answering import PreparedAnswer
+
+        return PreparedAnswer(
+            question=question,
+            question_date=question_date,
+            search_result=self.answer_search(question, namespace=namespace, k=k),
+            options=self.answer_options(),
+        )
 
     def answer_many(
         self,
@@ -696,7 +776,18 @@ class HybridMemory:
         from hybridmem_local.answering import answer_many
 
         results = [self.answer_search(question, namespace=namespace, k=k) for question in questions]
-        return answer_many(self.llm, questions, results, question_dates, tag=namespace, **self.answer_options())
+        options = self.answer_options()
+        return answer_many(
+            self.llm,
+            questions,
+            results,
+            question_dates,
+            tag=namespace,
+            enable_thinking=options.enable_thinking,
+            context_budget=options.context_budget,
+            mode=options.mode,
+            citer=options.citer,
+        )
 
     def answer_search(self, question: str, namespace: str = "default", k: int | None = None) -> SearchResult:
         """The search an answer is written from: ``search``, but every store's candidates when a
@@ -705,20 +796,29 @@ class HybridMemory:
         result = self._search(question, namespace, k, candidates=self.config.retrieval.context_budget is not None)
         return with_source_turns(self.store, result) if self.config.answering.evidence_turns else result
 
-    def answer_options(self) -> dict[str, Any]:
-        """The keyword arguments of ``answering.answer_many`` / ``answer_from_context`` this config sets."""
-        from hybridmem_local.answering import citer_for
+    def answer_options(self) -> AnswerOptions:
+        """How this config answers: thinking, context budget, JSON or text, the text answers' citer."""
+        from hybridmem_local.answering import AnswerOptions, citer_for
 
-        answering = self.config.answering
-        return {
-            "enable_thinking": self.config.llm.enable_thinking,
-            "context_budget": self.config.retrieval.context_budget,
-            "mode": answering.mode,
-            "citer": citer_for(answering, self.embedder.embed),
-        }
+        return AnswerOptions(
+            enable_thinking=self.config.llm.enable_thinking,
+            context_budget=self.config.retrieval.context_budget,
+            mode=self.config.answering.mode,
+            citer=citer_for(self.config.answering, self.embedder.embed),
+        )
 
-    def get(self, memory_id: int) -> Episode | RelationalTuple:
-        return self.store.get_memory(memory_id)
+    def get(self, memory_id: int, *, namespace: str | None = None) -> Episode | RelationalTuple:
+        """The memory with this id; with ``namespace``, only if it is that namespace's. Either way a
+        missing one is a NotFoundError, and another namespace's is reported just as missing."""
+        if namespace is None:
+            return self.store.get_memory(memory_id)
+        try:
+            found = self.store.get_memory(memory_id)
+        except NotFoundError:
+            found = None
+        if found is None or found.namespace != namespace:
+            raise NotFoundError(f"no memory with id {memory_id} in namespace {namespace!r}")
+        return found
 
     def list(
         self,
@@ -733,16 +833,20 @@ class HybridMemory:
             raise InvalidInputError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
         return self.store.list_memories(namespace, kind, status, limit=limit, offset=offset)
 
-    def history(self, memory_id: int) -> list[Event]:
-        self.get(memory_id)  # a clear NotFoundError for an unknown id
+    def history(self, memory_id: int, *, namespace: str | None = None) -> list[Event]:
+        """Every change of a memory, oldest first (``namespace`` as in ``get``)."""
+        self.get(memory_id, namespace=namespace)  # a clear NotFoundError for an unknown id
         return self.store.history(memory_id)
 
     def stats(self, namespace: str | None = None) -> Stats:
-        return Stats(
-            namespaces=self.store.namespaces(),
-            counts=self.store.counts(namespace),
-            index_sizes=self.indexes.sizes(),
-        )
+        """Counts of sessions, turns and memories by status, and the loaded indexes' sizes: of the
+        whole store, or of one namespace."""
+        namespaces = self.store.namespaces()
+        sizes = self.indexes.sizes()
+        if namespace is not None:
+            namespaces = [ns for ns in namespaces if ns == namespace]
+            sizes = {name: n for name, n in sizes.items() if name.split("/", 1)[0] == namespace}
+        return Stats(namespaces=namespaces, counts=self.store.counts(namespace), index_sizes=sizes)
 
     # ------------------------------------------------------------------ export / import
 

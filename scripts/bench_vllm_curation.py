@@ -120,8 +120,7 @@ def main() -> None:
             started = time.perf_counter()
             outcomes = curator.curate(sessions)
             curate_s = time.perf_counter() - started
-            if hasattr(llm, "close"):
-                llm.close()
+            llm.close()
     finally:
         if config_file is not None:
             subprocess.run(

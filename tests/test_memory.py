@@ -8,7 +8,8 @@ from datetime import date
 import pytest
 
 from hybridmem_local.config import load_config
-from hybridmem_local.errors import NotFoundError
+from hybridmem_local.errors import DuplicateSessionError, NotFoundError, QueueFullError
+from hybridmem_local.llm.cache import CachedLLM
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import MemoryStatus
 from tests.factories import make_episode, make_session, make_tuple
@@ -317,3 +318,68 @@ def test_answer_many_retrieves_per_question_and_answers_in_one_batch(tmp_path, m
     assert [a.answer for a in answers] == ["Rome", "tea"]
     assert len(llm.batches) == 1 and len(llm.batches[0]) == 2
     assert all(len(a.cited) == 1 and a.cited[0].namespace == "alice" for a in answers)  # "T1" resolved per question
+
+
+def test_ids_checked_against_a_namespace_and_stats_of_one_namespace(memory):
+    [alice_id] = memory.add_memories("alice", tuples=[make_tuple("Alice", "lives in", "Paris")])
+    [bob_id] = memory.add_memories("bob", tuples=[make_tuple("Bob", "lives in", "Rome")])
+    assert memory.get(alice_id, namespace="alice").id == alice_id
+    assert memory.get(bob_id).namespace == "bob"  # no namespace: any
+    # Another namespace's memory is reported exactly as a missing one.
+    for missing in (bob_id, 10_000):
+        for call in (memory.get, memory.history, memory.delete):
+            with pytest.raises(NotFoundError, match=f"no memory with id {missing} in namespace 'alice'"):
+                call(missing, namespace="alice")
+    assert memory.get(bob_id).status == MemoryStatus.active  # the refused delete changed nothing
+    with pytest.raises(NotFoundError, match="no consolidation run 1 in namespace 'alice'"):
+        memory.undo(1, namespace="alice")
+    stats = memory.stats("alice")
+    assert stats.namespaces == ["alice"] and stats.counts["tuples_active"] == 1
+    assert all(name.startswith("alice/") for name in stats.index_sizes)
+    assert memory.stats().namespaces == ["alice", "bob"]
+
+
+def test_enqueue_stores_all_or_none_within_the_queue_bound(tmp_path):
+    with HybridMemory.open(tmp_path / "m.db") as memory:  # no embedder: raw turns only
+        first = [make_session("alice", 1), make_session("bob", 2)]
+        records = memory.enqueue(first, max_pending=3)
+        assert [(r.session, r.curation_status) for r in records] == [(s, "pending") for s in first]
+        assert memory.get_session("bob", "s2") == records[1]
+        with pytest.raises(QueueFullError, match="holds 2 sessions; adding 2 would pass"):
+            memory.enqueue([make_session("alice", 3), make_session("alice", 4)], max_pending=3)
+        with pytest.raises(DuplicateSessionError):  # s5 is new, s1 is not: neither is stored
+            memory.enqueue([make_session("alice", 5), make_session("alice", 1)])
+        for session_id in ("s3", "s4", "s5"):
+            with pytest.raises(NotFoundError):
+                memory.get_session("alice", session_id)
+        assert memory.sessions_to_curate() == first
+        assert memory.mark_curation_failed(first, "LLMError: down") == 2
+        assert memory.get_session("alice", "s1").curation_error == "LLMError: down"
+        assert memory.sessions_to_curate() == [] and memory.sessions_to_curate(retry_failed=True) == first
+
+
+class OwnedLLM:
+    """An LLM that records whether it was closed (the real backends free a model or a connection)."""
+
+    model_id = "test:owned"
+    closed = False
+
+    def generate(self, requests):
+        raise AssertionError("not called")
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_given_llm_stays_the_callers_to_close(tmp_path):
+    given = OwnedLLM()
+    HybridMemory.open(tmp_path / "m.db", llm=given).close()
+    assert not given.closed
+    inner = OwnedLLM()
+    CachedLLM(inner, tmp_path / "cache.sqlite").close()
+    assert not inner.closed
+    CachedLLM(inner, tmp_path / "cache.sqlite", owns_inner=True).close()  # what build_llm makes
+    assert inner.closed

@@ -117,8 +117,7 @@ class Models:
 
     def close(self) -> None:
         for llm in {id(m): m for m in (self._answer, self._judge) if m is not None}.values():
-            if hasattr(llm, "close"):
-                llm.close()
+            llm.close()
 
 
 # --------------------------------------------------------------------------- the run

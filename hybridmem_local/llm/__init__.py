@@ -50,7 +50,11 @@ def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Pat
         llm = backend(config)
     if cache_path is not None:
         llm = CachedLLM(
-            llm, Path(cache_path), settings=sampling_settings(config), chunk_size=getattr(llm, "cache_chunk_size", 32)
+            llm,
+            Path(cache_path),
+            settings=sampling_settings(config),
+            chunk_size=getattr(llm, "cache_chunk_size", 32),
+            owns_inner=True,
         )
     return llm
 

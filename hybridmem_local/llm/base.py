@@ -75,3 +75,9 @@ class StructuredLLM(Protocol):
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` in this model's tokenizer (for context budgets and reports)."""
         ...
+
+    def close(self) -> None:
+        """Free what the backend holds (a model, engine processes, a connection). Called once, by
+        whoever built the LLM: ``HybridMemory`` closes the LLM it built from its config, never one
+        it was given."""
+        ...

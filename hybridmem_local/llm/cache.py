@@ -49,12 +49,15 @@ class CachedLLM:
         *,
         settings: Mapping[str, Any] | None = None,
         chunk_size: int = 32,
+        owns_inner: bool = False,
     ):
         """``settings``: the backend's sampling settings (see ``llm.sampling_settings``), keyed
-        in; ``chunk_size``: misses sent to ``inner`` per call, the most a kill can lose."""
+        in; ``chunk_size``: misses sent to ``inner`` per call, the most a kill can lose;
+        ``owns_inner``: ``close`` closes ``inner`` too (``build_llm`` built both)."""
         if chunk_size < 1:
             raise InvalidInputError(f"chunk_size must be >= 1, got {chunk_size}")
         self.inner = inner
+        self.owns_inner = owns_inner
         self.model_id = inner.model_id
         self.path = Path(path)
         self.settings = dict(settings or {})
@@ -147,6 +150,8 @@ class CachedLLM:
 
     def close(self) -> None:
         self._db.close()
+        if self.owns_inner:
+            self.inner.close()
 
     def __enter__(self) -> CachedLLM:
         return self

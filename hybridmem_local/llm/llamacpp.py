@@ -110,6 +110,10 @@ class LlamaCppLLM(ChatBackend):
     def _complete(self, requests: list[LLMRequest]) -> list[Completion]:
         return [self._complete_one(request) for request in requests]
 
+    def close(self) -> None:
+        """Free the model's memory now rather than at garbage collection."""
+        self._llama.close()
+
     def _complete_one(self, request: LLMRequest) -> Completion:
         from llama_cpp import LogitsProcessorList
 

@@ -141,3 +141,7 @@ class OpenAIServerLLM(ChatBackend):
         except self._openai.APIError as exc:
             raise LLMError(f"cannot count tokens with {root}/tokenize: {exc}") from exc
         return int(reply["count"])
+
+    def close(self) -> None:
+        """Close the client's pooled connections to the server."""
+        self._client.close()

@@ -270,3 +270,6 @@ class ChatBackend(ABC):
 
     @abstractmethod
     def count_tokens(self, text: str) -> int: ...
+
+    def close(self) -> None:  # noqa: B027 - deliberately empty: most backends hold nothing to free early
+        """Nothing to free by default: the weights go with the object."""

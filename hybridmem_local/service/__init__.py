@@ -3,7 +3,10 @@
 * ``state.ServiceState`` — what one server process holds: the request-side ``HybridMemory``,
   the shared embedder and LLM (serialized), the API keys and the curation worker.
 * ``worker.CurationWorker`` — curates ``pending`` sessions in batches, off the request path.
-* ``app.create_app`` — the HTTP API (FastAPI); ``mcp_server`` — the MCP tools.
+* ``operations.Operations`` — what the HTTP routes and the MCP tools do, once: scope and
+  ownership checks, paging and limits, over ``HybridMemory``.
+* ``app.create_app`` — the HTTP API (FastAPI: the Guard, and the routers of ``routes``);
+  ``mcp_server`` — the MCP tools; ``errors`` — every error answer by its stable code.
 
 Importing this package is cheap; FastAPI and the MCP SDK load only with ``app`` / ``mcp_server``.
 """

@@ -10,14 +10,12 @@ its text.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hybridmem_local.errors import (
@@ -32,6 +30,7 @@ from hybridmem_local.errors import (
     UnsupportedMediaTypeError,
 )
 from hybridmem_local.service.limits import retry_after_header
+from hybridmem_local.service.models import describe_validation_errors
 
 log = logging.getLogger(__name__)
 
@@ -66,29 +65,6 @@ def internal_error(exc: BaseException, where: str) -> HybridMemError:
     """Log ``exc`` with its traceback; the error to answer instead, which does not repeat its text."""
     log.error("internal error on %s", where, exc_info=exc)
     return HybridMemError(f"internal error ({type(exc).__name__}); see the server log")
-
-
-def describe_validation_errors(errors: list[Any], prefix_from: int = 0) -> str:
-    """``body.turns.0.text: Field required; query.limit: ...`` (at most five, each naming its field)."""
-    parts = []
-    for error in errors[:5]:
-        location = ".".join(str(p) for p in error.get("loc", ())[prefix_from:]) or "body"
-        parts.append(f"{location}: {error.get('msg', 'invalid')}")
-    more = len(errors) - 5
-    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
-
-
-@contextmanager
-def invalid_input(where: str) -> Iterator[None]:
-    """Pydantic's refusal of data a caller sent, as an InvalidInputError naming each field under ``where``.
-
-    Only around building models from a request: a ValidationError anywhere else is a bug (internal).
-    """
-    try:
-        yield
-    except ValidationError as exc:
-        located = [{**e, "loc": (where, *e["loc"])} for e in exc.errors()]
-        raise InvalidInputError(describe_validation_errors(located)) from None
 
 
 #: Documented error answers for the OpenAPI schema of every route.

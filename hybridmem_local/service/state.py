@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridmem_local.answering import Answer, answer_from_context
+from hybridmem_local.answering import Answer
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder, build_embedder
-from hybridmem_local.errors import AskTimeoutError, NotReadyError, QueueFullError
+from hybridmem_local.errors import AskTimeoutError, NotReadyError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session
@@ -75,12 +75,13 @@ class SerializedLLM:
     """The LLM shared by ``ask`` and the curation worker: one call at a time, built on first use
     (a service that is never asked and has nothing to curate never loads a model).
 
-    Deliberately has no ``close``: ``HybridMemory.close`` closes its LLM, and both memories of
-    the service hold this one; ``ServiceState.close`` calls ``shutdown`` once.
+    Both memories of the service are given this one, so neither closes it; ``ServiceState.close``
+    does, once, and it closes the model only if ``owns`` (it built the model, not the caller).
     """
 
-    def __init__(self, build: Callable[[], StructuredLLM]):
+    def __init__(self, build: Callable[[], StructuredLLM], owns: bool):
         self._build = build
+        self._owns = owns
         self._inner: StructuredLLM | None = None
         #: Re-entrant: ``answer`` holds it across count_tokens and generate of one question.
         self.lock = threading.RLock()
@@ -119,9 +120,9 @@ class SerializedLLM:
         finally:
             self.lock.release()
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
         with self.lock:
-            if self._inner is not None and hasattr(self._inner, "close"):
+            if self._inner is not None and self._owns:
                 self._inner.close()
             self._inner = None
 
@@ -143,8 +144,7 @@ class ServiceState:
         self.start_worker = start_worker
         self._given_embedder = embedder
         # A given LLM belongs to the caller (tests share one); one built here is closed here.
-        self._owns_llm = llm is None
-        self.llm = SerializedLLM((lambda: llm) if llm is not None else self._build_llm)
+        self.llm = SerializedLLM((lambda: llm) if llm is not None else self._build_llm, owns=llm is None)
         self.embedder: SerializedEmbedder | None = None
         self.keys: KeyRing
         self.worker: CurationWorker
@@ -196,8 +196,8 @@ class ServiceState:
         if self._keys_store is not None:
             self._keys_store.close()
         # An abandoned batch may still be inside the LLM: freeing the model under it could crash.
-        if worker_done and self._owns_llm:
-            self.llm.shutdown()
+        if worker_done:
+            self.llm.close()
 
     def __enter__(self) -> ServiceState:
         self.open()
@@ -222,42 +222,29 @@ class ServiceState:
             yield self._memory
 
     def enqueue(self, sessions: Sequence[Session]) -> list[SessionRecord]:
-        """Store sessions raw as ``pending`` in one transaction (all or none) and wake the worker.
-
-        Raises QueueFullError (nothing stored) when the pending sessions of all namespaces would
-        exceed ``service.max_pending_sessions``, and DuplicateSessionError (nothing stored) when a
-        session id is already stored in its namespace.
-        """
+        """Store sessions raw as ``pending`` in one transaction (all or none) and wake the worker
+        (``HybridMemory.enqueue``: QueueFullError past ``service.max_pending_sessions``,
+        DuplicateSessionError for a session id stored already; nothing stored either way)."""
         if not sessions:
             return []
-        limit = self.config.service.max_pending_sessions
-        with self.memory() as memory, memory.store.transaction():
-            # Counted inside the write transaction: no other writer can add pending rows meanwhile.
-            pending = memory.store.count_sessions("pending")
-            if pending + len(sessions) > limit:
-                raise QueueFullError(
-                    f"the curation queue holds {pending} sessions; adding {len(sessions)} would pass "
-                    f"service.max_pending_sessions={limit}"
-                )
-            for session in sessions:
-                memory.store.insert_session(session, curation_status="pending")
+        with self.memory() as memory:
+            records = memory.enqueue(sessions, max_pending=self.config.service.max_pending_sessions)
         self.worker.wake()
-        return [SessionRecord(session=session, curation_status="pending") for session in sessions]
+        return records
 
     def answer(self, question: str, namespace: str, question_date: datetime | None, k: int | None) -> Answer:
-        """Search under the memory lock, then one LLM call outside it; AskTimeoutError when the
+        """Retrieve under the memory lock, then one LLM call outside it; AskTimeoutError when the
         answer is not there within ``service.ask_timeout_s`` (waiting for the LLM included)."""
         timeout_s = self.config.service.ask_timeout_s
         deadline = time.monotonic() + timeout_s
         with self.memory() as memory:
-            result = memory.answer_search(question, namespace=namespace, k=k)
-            options = memory.answer_options()
+            prepared = memory.prepare_answer(question, namespace, question_date, k)
         if self._ask_pool is None:
             raise NotReadyError("the service state is not open")
 
         def call_llm() -> Answer:
             with self.llm.held(deadline - time.monotonic()) as llm:
-                return answer_from_context(llm, question, result, question_date, **options)
+                return prepared.run(llm)
 
         # In a thread of its own, so the caller gets its 504 on time even when the model is
         # mid-generation (which cannot be interrupted; its late answer is dropped).

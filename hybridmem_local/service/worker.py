@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder
-from hybridmem_local.errors import AlreadyCuratedError, NotFoundError, WorkerStopped
+from hybridmem_local.errors import WorkerStopped
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, utcnow
@@ -78,6 +78,9 @@ class _StoppableLLM:
 
     def count_tokens(self, text: str) -> int:
         return self._llm.count_tokens(text)
+
+    def close(self) -> None:
+        """Nothing: the shared LLM is the service's to close (``ServiceState.close``)."""
 
 
 class CurationWorker:
@@ -183,11 +186,9 @@ class CurationWorker:
     def run_once(self) -> bool:
         """Curate one batch; False when nothing was pending or the batch failed as a whole
         (the loop then waits a poll before the next round)."""
-        store = self.memory.store
-        records = store.sessions_to_curate(["pending"], limit=self.config.curation.batch_sessions)
-        if not records:
+        sessions = self.memory.sessions_to_curate(limit=self.config.curation.batch_sessions)
+        if not sessions:
             return False
-        sessions = [r.session for r in records]
         try:
             report = self.memory.curate_stored(sessions)
         except WorkerStopped:
@@ -222,16 +223,7 @@ class CurationWorker:
         error = f"{type(exc).__name__}: {exc}"
         log.exception("curation worker: batch of %d session(s) failed", len(sessions))
         self._last_error = error
-        for session in sessions:
-            try:
-                if self.memory.store.get_session(session.namespace, session.session_id).curation_status != "pending":
-                    continue  # stored before the error, or curated by another process
-                self.memory.store.set_curation_status(
-                    session.namespace, session.session_id, "curation_failed", error, require_uncurated=True
-                )
-                self._failed += 1
-            except (AlreadyCuratedError, NotFoundError):  # curated meanwhile, or its namespace forgotten
-                continue
-            except Exception:  # noqa: BLE001 - the store itself fails: the next round tries again
-                log.exception("curation worker: cannot mark session %s failed", session.session_id)
-                return
+        try:
+            self._failed += self.memory.mark_curation_failed(sessions, error)
+        except Exception:  # noqa: BLE001 - the store itself fails: the next round tries again
+            log.exception("curation worker: cannot mark the batch's sessions failed")

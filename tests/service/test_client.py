@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 
 import pytest
 
@@ -22,6 +22,7 @@ from hybridmem_local.errors import (
     ConflictError,
     ForbiddenError,
     HybridMemError,
+    InvalidInputError,
     NotFoundError,
     QueueFullError,
     RateLimitedError,
@@ -160,6 +161,31 @@ def test_delete_and_export_match_the_store(service, tokens, tmp_path):
         expected = memory.export_records("alice")
     assert lines == len(expected) and (tmp_path / "alice.jsonl").read_text() == "".join(expected)
     assert os.stat(tmp_path / "alice.jsonl").st_mode & 0o777 == 0o600
+
+
+def test_enqueue_search_filters_and_namespaced_ids_work_as_in_process(service, tokens):
+    lima = TupleDraft(entity="Alice", relation="visited", object="Lima", timestamp="2021-03-01")
+    filters = {"kinds": ["tuple"], "since": date(2021, 1, 1), "until": date(2021, 12, 31)}
+    with HybridMemoryClient(service.url, api_key=tokens["write"]) as client:
+        records = client.enqueue([session("e1"), session("e2")])
+        assert [(r.session, r.curation_status) for r in records] == [
+            (session("e1"), "pending"),
+            (session("e2"), "pending"),
+        ]
+        assert wait_curated(client, "alice", "e2").curation_status == "curated"
+        [lima_id] = client.add_memories("alice", tuples=[lima])
+        remote = client.search("Where did Alice travel?", namespace="alice", **filters)
+    with service.state.memory() as memory:
+        local = memory.search("Where did Alice travel?", namespace="alice", **filters)
+    assert remote == local and [hit.memory.id for hit in remote.tuples] == [lima_id] and remote.episodes == []
+
+    with HybridMemoryClient(service.url, api_key=tokens["write"]) as client:
+        client.delete(lima_id, "wrong city", namespace="alice")
+        assert client.history(lima_id, namespace="alice")[-1].reason == "wrong city"
+        # In-process None means any namespace; the service scopes ids, so it must be named.
+        for call in (client.get, client.history, client.delete):
+            with pytest.raises(InvalidInputError, match="pass namespace"):
+                call(lima_id)
 
 
 def test_errors_come_back_as_the_library_exceptions(service, tokens, tmp_path):

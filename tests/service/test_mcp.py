@@ -28,7 +28,8 @@ from hybridmem_local.answering import Answer
 from hybridmem_local.config import load_config
 from hybridmem_local.schema import SearchResult
 from hybridmem_local.service.app import create_app
-from hybridmem_local.service.mcp_server import FixedNamespace, build_mcp_server
+from hybridmem_local.service.mcp_server import build_mcp_server
+from hybridmem_local.service.operations import FixedNamespace, Operations
 from hybridmem_local.service.state import ServiceState
 from tests.fake_vllm_server import ChatServer
 from tests.service.live import REPO, ThreadedServer
@@ -201,7 +202,7 @@ def test_ask_without_a_usable_llm_is_a_not_ready_tool_error(tmp_path, minilm):
     state.open()
 
     async def main() -> Any:
-        async with Client(build_mcp_server(state, FixedNamespace("alice"))) as client:
+        async with Client(build_mcp_server(Operations(state), lambda ctx: FixedNamespace("alice"))) as client:
             return await client.call_tool("ask", {"question": QUESTION})
 
     try:

@@ -1,0 +1,285 @@
+"""What the HTTP API and the MCP tools do, written once: who may act on which namespace, which
+memory is whose, paging and its limits. Both servers call this; neither touches the store.
+
+    operations = Operations(state)
+    writer = operations.writer(KeyScope(key), "alice")   # ForbiddenError unless the key may write alice
+    writer.add_memories(episodes=[...])                  # NotFoundError, InvalidInputError... as the library raises
+    operations.reader(FixedNamespace("alice"), None).search("Where did Alice move?")
+
+A caller's :class:`Scope` resolves the namespace it asks for (or the one it is fixed to) and
+checks its role; the class of the handle it gets back says which role each operation needs —
+:class:`Reader` < :class:`Writer` < :class:`Admin`, as ``Role`` orders them — so the rule lives
+in one place. Errors are the library's (``hybridmem_local.errors``); each server reports them by
+their code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import ClassVar, Protocol, TypeVar
+
+from hybridmem_local.answering import Answer
+from hybridmem_local.consolidation import ConsolidationReport, UndoReport
+from hybridmem_local.errors import ForbiddenError, InvalidInputError, NotFoundError
+from hybridmem_local.memory import Stats
+from hybridmem_local.retrieval import SearchFilters
+from hybridmem_local.schema import (
+    Episode,
+    EpisodeDraft,
+    MemoryKind,
+    MemoryStatus,
+    RelationalTuple,
+    SearchResult,
+    Session,
+    TupleDraft,
+    check_namespace,
+)
+from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, KeyRequest, Role
+from hybridmem_local.service.models import (
+    MAX_PAGE,
+    ForgetReport,
+    KeyCreated,
+    MemoriesAdded,
+    MemoryPage,
+    SessionIn,
+    StatusFilter,
+    invalid_input,
+)
+from hybridmem_local.service.state import ServiceState
+from hybridmem_local.store import Event, SessionRecord
+
+# --------------------------------------------------------------------------- who may act on which namespace
+
+
+class Scope(Protocol):
+    def namespace(self, requested: str | None, role: Role) -> str:
+        """The namespace a call acts on (``requested``, or the caller's only one when None), or
+        the error saying why it may not (InvalidInputError, ForbiddenError)."""
+        ...
+
+
+@dataclass(frozen=True)
+class KeyScope:
+    """The namespaces and role of an API key: the HTTP routes, and the MCP tools over HTTP."""
+
+    key: ApiKey
+
+    def namespace(self, requested: str | None, role: Role) -> str:
+        key = self.key
+        if requested is None:
+            if len(key.namespaces) != 1 or key.namespaces[0] == ALL_NAMESPACES:
+                raise InvalidInputError(f"API key {key.key_id} reaches several namespaces; pass namespace")
+            requested = key.namespaces[0]
+        try:
+            check_namespace(requested)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"namespace: {exc}") from None
+        if not key.covers(requested):
+            # Worded the same whether or not the namespace exists: a key learns nothing beyond its own.
+            raise ForbiddenError(f"API key {key.key_id} does not reach namespace {requested!r}")
+        if not key.allows(requested, role):
+            raise ForbiddenError(f"this needs the {role.value} role; API key {key.key_id} has {key.role.value}")
+        return requested
+
+
+@dataclass(frozen=True)
+class FixedNamespace:
+    """One namespace fixed at start-up (``hybridmem mcp --namespace``): whoever can start the
+    process can read the store file anyway, so there is no key and every role."""
+
+    fixed: str
+
+    def namespace(self, requested: str | None, role: Role) -> str:
+        if requested is not None and requested != self.fixed:
+            raise ForbiddenError(
+                f"this MCP server serves namespace {self.fixed!r} only (fixed with --namespace at start-up); "
+                "leave namespace out"
+            )
+        return self.fixed
+
+
+# --------------------------------------------------------------------------- what each role may do
+
+
+class Reader:
+    """The operations of a read key on one namespace (checked when the handle was made)."""
+
+    role: ClassVar[Role] = Role.read
+
+    def __init__(self, state: ServiceState, namespace: str):
+        self.state = state
+        self.namespace = namespace
+
+    def session(self, session_id: str) -> SessionRecord:
+        """A stored session with its curation status (``pending``, ``curated``, ``curation_failed``)."""
+        with self.state.memory() as memory:
+            return memory.get_session(self.namespace, session_id)
+
+    def search(self, query: str, k: int | None = None, filters: SearchFilters | None = None) -> SearchResult:
+        """Top-k episodes and top-2k tuples (no LLM call), kept by ``filters`` when given."""
+        keep = filters or SearchFilters()
+        with self.state.memory() as memory:
+            return memory.search(
+                query,
+                namespace=self.namespace,
+                k=k,
+                kinds=keep.kinds,
+                since=keep.since,
+                until=keep.until,
+                min_score=keep.min_score,
+            )
+
+    def ask(self, question: str, question_date: datetime | None = None, k: int | None = None) -> Answer:
+        """One LLM call outside the store's lock; AskTimeoutError past ``service.ask_timeout_s``."""
+        return self.state.answer(question, self.namespace, question_date, k)
+
+    def list_memories(
+        self,
+        kind: MemoryKind | None = None,
+        status: StatusFilter = "active",
+        limit: int = 100,
+        offset: int = 0,
+    ) -> MemoryPage:
+        """Memories in id order, ``limit`` at a time (at most MAX_PAGE); ``next_offset`` is None on the last page."""
+        if not 1 <= limit <= MAX_PAGE or offset < 0:
+            raise InvalidInputError(f"limit must be 1-{MAX_PAGE} and offset at least 0, got {limit} and {offset}")
+        wanted = None if status == "any" else MemoryStatus(status)
+        with self.state.memory() as memory:
+            rows = memory.list(self.namespace, kind=kind, status=wanted, limit=limit + 1, offset=offset)
+        more = len(rows) > limit
+        return MemoryPage(
+            namespace=self.namespace,
+            items=rows[:limit],
+            limit=limit,
+            offset=offset,
+            next_offset=offset + limit if more else None,
+        )
+
+    def memory(self, memory_id: int) -> Episode | RelationalTuple:
+        """The memory, or NotFoundError when it is missing or another namespace's (not revealed)."""
+        with self.state.memory() as memory:
+            return memory.get(memory_id, namespace=self.namespace)
+
+    def history(self, memory_id: int) -> list[Event]:
+        with self.state.memory() as memory:
+            return memory.history(memory_id, namespace=self.namespace)
+
+    def export(self) -> list[str]:
+        """The namespace as JSONL lines: sessions with turns, then memories."""
+        with self.state.memory() as memory:
+            return memory.export_records(self.namespace)
+
+    def stats(self) -> Stats:
+        """Counts and index sizes of this namespace only (not the store's other namespaces)."""
+        with self.state.memory() as memory:
+            return memory.stats(self.namespace)
+
+
+class Writer(Reader):
+    role: ClassVar[Role] = Role.write
+
+    def add_sessions(self, sessions: Sequence[SessionIn]) -> list[SessionRecord]:
+        """Store the sessions' raw turns ``pending`` (all or none) and wake the curation worker."""
+        with invalid_input("body"):
+            built = [
+                Session(namespace=self.namespace, session_id=s.session_id, started_at=s.started_at, turns=s.turns)
+                for s in sessions
+            ]
+        return self.state.enqueue(built)
+
+    def add_memories(self, episodes: Sequence[EpisodeDraft] = (), tuples: Sequence[TupleDraft] = ()) -> MemoriesAdded:
+        """Store memories written by the caller (no curation); ``source_turn_ids`` must name stored turns."""
+        if not episodes and not tuples:
+            raise InvalidInputError("give at least one of episodes or tuples")
+        with self.state.memory() as memory:
+            ids = memory.add_memories(self.namespace, episodes=episodes, tuples=tuples)
+        return MemoriesAdded(namespace=self.namespace, ids=ids)
+
+    def delete_memory(self, memory_id: int, reason: str) -> Episode | RelationalTuple:
+        """Mark the memory deleted (kept in its history); returns it as it is now."""
+        with self.state.memory() as memory:
+            memory.delete(memory_id, reason=reason, namespace=self.namespace)
+            return memory.get(memory_id)
+
+
+class Admin(Writer):
+    role: ClassVar[Role] = Role.admin
+
+    def forget(self) -> ForgetReport:
+        """Remove every trace of the namespace: rows, history, vectors, index files, exports, LLM cache."""
+        with self.state.memory() as memory:
+            return ForgetReport(namespace=self.namespace, removed=memory.forget(self.namespace))
+
+    def consolidate(self, dry_run: bool = False) -> ConsolidationReport:
+        with self.state.memory() as memory:
+            return memory.consolidate(self.namespace, dry_run=dry_run)
+
+    def undo(self, run_id: int) -> UndoReport:
+        with self.state.memory() as memory:
+            return memory.undo(run_id, namespace=self.namespace)
+
+
+class KeyAdmin:
+    """The API keys an admin key manages: those whose every namespace it reaches itself."""
+
+    def __init__(self, state: ServiceState, admin: ApiKey):
+        self.state = state
+        self.admin = admin
+
+    def _manages(self, key: ApiKey) -> bool:
+        return all(self.admin.covers(ns) for ns in key.namespaces)  # covers("*") only for an all-namespace key
+
+    def list(self) -> list[ApiKey]:
+        return [k for k in self.state.keys.list() if self._manages(k)]
+
+    def create(self, request: KeyRequest) -> KeyCreated:
+        """A new key for namespaces this admin key reaches; its token is in this answer only."""
+        outside = [ns for ns in request.namespaces if not self.admin.covers(ns)]
+        if outside:
+            raise ForbiddenError(
+                f"API key {self.admin.key_id} cannot create keys for namespaces it does not reach: {outside}"
+            )
+        key, token = self.state.keys.create(request.namespaces, request.role, request.label)
+        return KeyCreated(key=key, token=token)
+
+    def revoke(self, key_id: str) -> ApiKey:
+        """Revoke a key at once; revoking twice is harmless. Another admin's key is reported missing."""
+        try:
+            key = self.state.keys.get(key_id)
+        except NotFoundError:
+            key = None
+        if key is None or not self._manages(key):
+            raise NotFoundError(f"no API key {key_id} among the keys this admin key manages")
+        return self.state.keys.revoke(key_id)
+
+
+# --------------------------------------------------------------------------- the entry point
+
+Handle = TypeVar("Handle", bound=Reader)
+
+
+class Operations:
+    """Hands out the operations a caller may use (see the module docstring)."""
+
+    def __init__(self, state: ServiceState):
+        self.state = state
+
+    def on(self, handle: type[Handle], scope: Scope, namespace: str | None) -> Handle:
+        """``handle``'s operations on the namespace ``scope`` resolves, if its role suffices."""
+        return handle(self.state, scope.namespace(namespace, handle.role))
+
+    def reader(self, scope: Scope, namespace: str | None) -> Reader:
+        return self.on(Reader, scope, namespace)
+
+    def writer(self, scope: Scope, namespace: str | None) -> Writer:
+        return self.on(Writer, scope, namespace)
+
+    def admin(self, scope: Scope, namespace: str | None) -> Admin:
+        return self.on(Admin, scope, namespace)
+
+    def keys(self, key: ApiKey) -> KeyAdmin:
+        if key.role != Role.admin or key.revoked_at is not None:
+            raise ForbiddenError(f"this needs the admin role; API key {key.key_id} has {key.role.value}")
+        return KeyAdmin(self.state, key)
