@@ -26,6 +26,7 @@ from hybridmem_local.schema import (
     EpisodeDraft,
     MemoryKind,
     MemoryStatus,
+    Message,
     RelationalTuple,
     SearchResult,
     Session,
@@ -46,6 +47,15 @@ class MemoryAPI(Protocol):
 
     def enqueue(self, sessions: Sequence[Session]) -> list[SessionRecord]:
         """Store sessions raw as ``pending`` (all or none per namespace) for curation later."""
+        ...
+
+    def add_messages(self, namespace: str, messages: Sequence[Message], session_id: str | None = None) -> SessionRecord:
+        """Chat messages (``{role, content}``) stored as a session dated now, the speaker from the
+        role, for curation later like ``enqueue``."""
+        ...
+
+    def remember(self, namespace: str, text: str) -> SessionRecord:
+        """Plain text stored as a one-message session from the user, dated now, for curation later."""
         ...
 
     def get_session(self, namespace: str, session_id: str) -> SessionRecord:

@@ -48,6 +48,7 @@ from hybridmem_local.schema import (
     EpisodeDraft,
     MemoryKind,
     MemoryStatus,
+    Message,
     RelationalTuple,
     SearchResult,
     Session,
@@ -77,6 +78,11 @@ class _SessionAccepted(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     curation_status: str
+
+
+class _MessagesAccepted(_SessionAccepted):
+    session_id: str
+    started_at: datetime
 
 
 class _MemoriesAdded(BaseModel):
@@ -166,6 +172,21 @@ class HybridMemoryClient:
                 for i, answer in zip(chunk, accepted, strict=True):
                     records[i] = SessionRecord(session=sessions[i], curation_status=answer.curation_status)
         return [records[i] for i in range(len(sessions))]
+
+    def add_messages(self, namespace: str, messages: Sequence[Message], session_id: str | None = None) -> SessionRecord:
+        """Chat messages (``{role, content}``) stored as a session dated now (by the server's
+        clock), the speaker from the role, and queued for curation."""
+        body = {"messages": [m.model_dump(mode="json") for m in messages], "session_id": session_id}
+        accepted = _MessagesAccepted.model_validate(
+            self._request("POST", f"{self._ns(namespace)}/messages", json=body).json()
+        )
+        # The server built the session by the same rule: rebuilt here from its id and date.
+        session = Session.from_messages(namespace, messages, accepted.session_id, accepted.started_at)
+        return SessionRecord(session=session, curation_status=accepted.curation_status)
+
+    def remember(self, namespace: str, text: str) -> SessionRecord:
+        """Plain text stored as a one-message session from the user, dated now, and queued for curation."""
+        return self.add_messages(namespace, [Message.from_user(text)])
 
     def get_session(self, namespace: str, session_id: str) -> SessionRecord:
         """A stored session with its curation status (``pending``, ``curated``, ``curation_failed``)."""

@@ -44,6 +44,7 @@ from hybridmem_local.schema import (
     EpisodeDraft,
     MemoryKind,
     MemoryStatus,
+    Message,
     RelationalTuple,
     SearchResult,
     Session,
@@ -228,6 +229,18 @@ class HybridMemory:
             for session in sessions:
                 self.store.insert_session(session, curation_status="pending")
         return [SessionRecord(session=session, curation_status="pending") for session in sessions]
+
+    def add_messages(self, namespace: str, messages: Sequence[Message], session_id: str | None = None) -> SessionRecord:
+        """Chat messages (``{role, content}``) stored as a session dated now, ``pending`` like
+        ``enqueue`` (``Session.from_messages``: the speaker is the role; a session id is made up
+        when none is given). ``get_session`` tells when it is curated."""
+        [record] = self.enqueue([Session.from_messages(namespace, messages, session_id)])
+        return record
+
+    def remember(self, namespace: str, text: str) -> SessionRecord:
+        """Plain text (a note, something the user said) stored as a one-message session from the
+        user, dated now, for curation (``add_messages``)."""
+        return self.add_messages(namespace, [Message.from_user(text)])
 
     def get_session(self, namespace: str, session_id: str) -> SessionRecord:
         """A stored session with its turns and curation status (``pending``, ``curated``, ``curation_failed``)."""

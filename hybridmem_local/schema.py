@@ -10,12 +10,13 @@ ever lost silently: consolidation marks rows superseded or deleted instead of re
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from hybridmem_local.errors import InvalidInputError
@@ -118,6 +119,60 @@ class Session(StrictModel):
                 raise ValueError(f"session {self.session_id!r}: duplicate turn_id {turn.turn_id!r}")
             seen.add(turn.turn_id)
         return self
+
+    @classmethod
+    def from_messages(
+        cls,
+        namespace: str,
+        messages: Sequence[Message],
+        session_id: str | None = None,
+        started_at: datetime | None = None,
+    ) -> Session:
+        """Chat messages as a session dated ``started_at`` (default now): turn ``{session_id}:{i}``
+        for message i, spoken by the message's ``name``, else its role. Without ``session_id``,
+        one is made up from the date and 6 random hex digits."""
+        at = started_at or utcnow()
+        if session_id is None:
+            session_id = f"chat-{at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+        elif not 1 <= len(session_id) <= MAX_MESSAGES_SESSION_ID:
+            raise InvalidInputError(
+                f"session_id must be 1-{MAX_MESSAGES_SESSION_ID} characters (its turn ids are session_id:index), "
+                f"got {len(session_id)}"
+            )
+        if not messages:
+            raise InvalidInputError("messages is empty: give at least one message")
+        turns = [
+            Turn(turn_id=f"{session_id}:{i}", speaker=m.name or m.role, text=m.content) for i, m in enumerate(messages)
+        ]
+        return cls(namespace=check_namespace(namespace), session_id=session_id, started_at=at, turns=turns)
+
+
+#: Longest session id ``Session.from_messages`` takes: its turn ids add ``:<index>`` within Turn's 64.
+MAX_MESSAGES_SESSION_ID = 50
+
+
+class Message(StrictModel):
+    """One chat message as agents keep them: ``{"role": "user", "content": "..."}``."""
+
+    role: str = Field(min_length=1, max_length=50, description="user, assistant, ...: the speaker unless name is set")
+    content: str = Field(min_length=1, max_length=MAX_TURN_CHARS)
+    #: Who spoke, when the role alone does not say (OpenAI's optional ``name``).
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, content: str) -> str:
+        if not content.strip():
+            raise ValueError("content is blank")
+        return content
+
+    @classmethod
+    def from_user(cls, text: str) -> Message:
+        """Plain text as the user's message; InvalidInputError when it is blank or too long."""
+        try:
+            return cls(role="user", content=text)
+        except ValidationError as exc:
+            raise InvalidInputError(f"text: {exc.errors()[0]['msg']}") from None
 
 
 # --------------------------------------------------------------------------- LLM output schemas

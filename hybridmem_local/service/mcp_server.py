@@ -1,4 +1,10 @@
-"""The MCP tools of ``hybridmem``: add_session, add_memory, search, ask, list_memories, delete_memory.
+"""The MCP tools of ``hybridmem``: what an agent remembers and recalls.
+
+* writes: ``remember`` (plain text), ``add_messages`` (chat messages ``{role, content}``),
+  ``add_session`` (turns with ids), ``add_memory`` (memories written by the agent),
+  ``delete_memory``; ``session_status`` says when handed-over text is curated;
+* reads: ``search``, ``ask``, ``list_memories``;
+* admin: ``reset_namespace`` (everything of the namespace, for an admin key).
 
 Two ways in, one set of tools (the official ``mcp`` SDK's ``MCPServer``):
 
@@ -38,8 +44,11 @@ from hybridmem_local import __version__
 from hybridmem_local.answering import Answer
 from hybridmem_local.errors import HybridMemError, InvalidInputError, NotFoundError, UnauthorizedError, error_text
 from hybridmem_local.schema import (
+    MAX_MESSAGES_SESSION_ID,
+    MAX_TURN_CHARS,
     EpisodeDraft,
     MemoryKind,
+    Message,
     SearchResult,
     StrictModel,
     TupleDraft,
@@ -50,26 +59,41 @@ from hybridmem_local.service.errors import internal_error
 from hybridmem_local.service.keys import ApiKey
 from hybridmem_local.service.models import (
     MAX_K,
+    MAX_MESSAGES,
     MAX_QUERY_CHARS,
     MAX_TOOL_PAGE,
+    ForgetReport,
     MemoriesAdded,
     MemoryOut,
     MemoryPage,
     SessionIn,
+    SessionStatus,
     StatusFilter,
     describe_validation_errors,
 )
-from hybridmem_local.service.operations import FixedNamespace, Handle, KeyScope, Operations, Reader, Scope, Writer
+from hybridmem_local.service.operations import (
+    Admin,
+    FixedNamespace,
+    Handle,
+    KeyScope,
+    Operations,
+    Reader,
+    Scope,
+    Writer,
+)
 from hybridmem_local.service.state import ServiceState
+from hybridmem_local.store import SessionRecord
 
 #: Where ``hybridmem serve`` answers MCP.
 MCP_PATH = "/mcp"
 
 INSTRUCTIONS = (
     "Long-term memory of past conversations with this user (or agent). Call `search` before answering "
-    "anything that may depend on earlier conversations; call `add_session` with the raw turns at the end of "
-    "each conversation so they are remembered; call `add_memory` when the user explicitly asks you to "
-    "remember something now. Memories carry the ids of the turns they came from."
+    "anything that may depend on earlier conversations. At the end of each conversation hand it over with "
+    "`add_messages` (the chat messages as they are) so it is remembered; `remember` takes a note in plain "
+    "text. Both are turned into memories by a background worker shortly after (`session_status` tells when). "
+    "Call `add_memory` when the user explicitly asks you to remember something that must be findable at once. "
+    "Memories carry the ids of the turns they came from."
 )
 
 NamespaceArg = Annotated[
@@ -188,7 +212,76 @@ def add_session(
     Needs a write key."""
     writer = _on(ctx, Writer, namespace)
     [record] = writer.add_sessions([SessionIn(session_id=session_id, started_at=started_at, turns=turns)])
-    return SessionQueued(namespace=writer.namespace, session_id=session_id, curation_status=record.curation_status)
+    return _queued(writer.namespace, record)
+
+
+def remember(
+    text: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=MAX_TURN_CHARS,
+            description="What to remember, in plain words: a note, a fact the user stated, an account of an exchange.",
+        ),
+    ],
+    ctx: Context,
+    namespace: NamespaceArg = None,
+) -> SessionQueued:
+    """Remember plain text: a note, something the user told you, or an account of a conversation.
+
+    Call it when the user tells you something worth keeping ("my sister is called Ana", "we moved
+    to Lyon in May") and you have no chat messages to hand over. The text is stored at once as a
+    message from the user, dated now; a background worker turns it into memories shortly after
+    (`session_status` with the returned session_id tells when), and then `search` finds them.
+    Needs a write key."""
+    writer = _on(ctx, Writer, namespace)
+    return _queued(writer.namespace, writer.remember(text))
+
+
+def add_messages(
+    messages: Annotated[
+        list[Message],
+        Field(
+            min_length=1,
+            max_length=MAX_MESSAGES,
+            description="The conversation, oldest first, as chat messages {role, content} (optional name): the "
+            "name, else the role, is the speaker.",
+        ),
+    ],
+    ctx: Context,
+    session_id: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=MAX_MESSAGES_SESSION_ID,
+            description="An id for this conversation, unique in the namespace; made up when left out.",
+        ),
+    ] = None,
+    namespace: NamespaceArg = None,
+) -> SessionQueued:
+    """Hand over a conversation as chat messages so it is remembered.
+
+    Call it at the end of every conversation (or every few dozen messages in a long one) with the
+    messages as you have them. They are stored at once as one session dated now; a background
+    worker turns them into episodic memories and facts shortly after (`session_status` tells when),
+    and only then does `search` find them. Needs a write key."""
+    writer = _on(ctx, Writer, namespace)
+    return _queued(writer.namespace, writer.add_messages(messages, session_id))
+
+
+def session_status(
+    session_id: Annotated[str, Field(min_length=1, max_length=200, description="The id a write tool returned.")],
+    ctx: Context,
+    namespace: NamespaceArg = None,
+) -> SessionStatus:
+    """Check whether a conversation you handed over has been turned into memories yet.
+
+    Call it after `remember`, `add_messages` or `add_session` when you need the new memories (e.g.
+    before searching for what was just said). curation_status is "pending" while the background
+    worker has not got to it, "curated" once its memories are searchable, and "curation_failed"
+    (with curation_error) when the LLM could not curate it: the raw text is kept and an operator
+    can retry."""
+    return _on(ctx, Reader, namespace).session_status(session_id)
 
 
 def add_memory(
@@ -280,14 +373,33 @@ def delete_memory(
     return DeletedMemory(memory=_on(ctx, Writer, namespace).delete_memory(memory_id, reason))
 
 
+def reset_namespace(ctx: Context, namespace: NamespaceArg = None) -> ForgetReport:
+    """Erase everything remembered in the namespace: memories, conversations, history, indexes.
+
+    Call it only when the user explicitly asks you to forget everything about them (or to start
+    over); it cannot be undone. To forget one thing, use `delete_memory`. Needs an admin key for the
+    namespace."""
+    return _on(ctx, Admin, namespace).forget()
+
+
+def _queued(namespace: str, record: SessionRecord) -> SessionQueued:
+    return SessionQueued(
+        namespace=namespace, session_id=record.session.session_id, curation_status=record.curation_status
+    )
+
+
 #: Every tool, with what it does to the store.
 TOOLS: list[tuple[Callable[..., Any], ToolAnnotations]] = [
+    (remember, WRITES),
+    (add_messages, WRITES),
+    (session_status, READS),
     (add_session, WRITES),
     (add_memory, WRITES),
     (search, READS),
     (ask, READS),
     (list_memories, READS),
     (delete_memory, DELETES),
+    (reset_namespace, DELETES),
 ]
 
 

@@ -21,6 +21,8 @@ MAX_PAGE = 1000
 MAX_TOOL_PAGE = 200
 #: Sessions one batch request may carry (the pending-queue bound applies on top).
 MAX_BATCH = 100
+#: Messages one add_messages request may carry (a session's turns).
+MAX_MESSAGES = 1000
 #: Longest query or question accepted.
 MAX_QUERY_CHARS = 10_000
 
@@ -35,6 +37,18 @@ class SessionIn(StrictModel):
     session_id: str = Field(min_length=1, max_length=200)
     started_at: AwareDatetime
     turns: list[Turn] = Field(min_length=1)
+
+
+class SessionStatus(StrictModel):
+    """Where a session's curation stands (its turns left out)."""
+
+    namespace: str
+    session_id: str
+    started_at: AwareDatetime
+    turns: int
+    #: ``pending`` until the curation worker is done, then ``curated`` or ``curation_failed``.
+    curation_status: str
+    curation_error: str | None = None
 
 
 class MemoriesAdded(StrictModel):

@@ -30,6 +30,7 @@ from hybridmem_local.schema import (
     EpisodeDraft,
     MemoryKind,
     MemoryStatus,
+    Message,
     RelationalTuple,
     SearchResult,
     Session,
@@ -44,6 +45,7 @@ from hybridmem_local.service.models import (
     MemoriesAdded,
     MemoryPage,
     SessionIn,
+    SessionStatus,
     StatusFilter,
     invalid_input,
 )
@@ -117,6 +119,18 @@ class Reader:
         with self.state.memory() as memory:
             return memory.get_session(self.namespace, session_id)
 
+    def session_status(self, session_id: str) -> SessionStatus:
+        """Where a session's curation stands, without its turns."""
+        record = self.session(session_id)
+        return SessionStatus(
+            namespace=self.namespace,
+            session_id=session_id,
+            started_at=record.session.started_at,
+            turns=len(record.session.turns),
+            curation_status=record.curation_status,
+            curation_error=record.curation_error,
+        )
+
     def search(self, query: str, k: int | None = None, filters: SearchFilters | None = None) -> SearchResult:
         """Top-k episodes and top-2k tuples (no LLM call), kept by ``filters`` when given."""
         keep = filters or SearchFilters()
@@ -188,6 +202,15 @@ class Writer(Reader):
                 for s in sessions
             ]
         return self.state.enqueue(built)
+
+    def add_messages(self, messages: Sequence[Message], session_id: str | None = None) -> SessionRecord:
+        """Chat messages as a session dated now (the speaker from the role), queued like a session."""
+        [record] = self.state.enqueue([Session.from_messages(self.namespace, messages, session_id)])
+        return record
+
+    def remember(self, text: str) -> SessionRecord:
+        """Plain text as a one-message session from the user, dated now, queued like a session."""
+        return self.add_messages([Message.from_user(text)])
 
     def add_memories(self, episodes: Sequence[EpisodeDraft] = (), tuples: Sequence[TupleDraft] = ()) -> MemoriesAdded:
         """Store memories written by the caller (no curation); ``source_turn_ids`` must name stored turns."""

@@ -21,9 +21,11 @@ from hybridmem_local.errors import NotReadyError
 from hybridmem_local.memory import Stats
 from hybridmem_local.retrieval import SearchFilters
 from hybridmem_local.schema import (
+    MAX_MESSAGES_SESSION_ID,
     Episode,
     EpisodeDraft,
     MemoryKind,
+    Message,
     RelationalTuple,
     SearchResult,
     StrictModel,
@@ -34,6 +36,7 @@ from hybridmem_local.service.keys import ApiKey, KeyRequest
 from hybridmem_local.service.models import (
     MAX_BATCH,
     MAX_K,
+    MAX_MESSAGES,
     MAX_PAGE,
     MAX_QUERY_CHARS,
     ForgetReport,
@@ -61,6 +64,23 @@ class SessionAccepted(StrictModel):
     curation_status: str
     #: Where to poll for the curation outcome.
     status_url: str
+
+
+class MessagesAccepted(SessionAccepted):
+    #: The session's date (when the server stored it): with session_id, it names every turn.
+    started_at: AwareDatetime
+
+
+class MessagesIn(StrictModel):
+    """Chat messages, stored as one session dated now (the speaker from the role)."""
+
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    session_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MESSAGES_SESSION_ID,
+        description="the session's id (default: made up from the date); its turns are session_id:index",
+    )
 
 
 class MemoriesIn(StrictModel):
@@ -192,6 +212,15 @@ def add_session(ops: Writes, body: SessionIn, request: Request) -> SessionAccept
 def add_sessions(ops: Writes, body: SessionBatchIn, request: Request) -> list[SessionAccepted]:
     """Store several sessions, all or none, and queue them for curation."""
     return _accepted(request, ops.namespace, ops.add_sessions(body.sessions))
+
+
+@sessions.post("/messages", status_code=202, response_model=MessagesAccepted)
+def add_messages(ops: Writes, body: MessagesIn, request: Request) -> MessagesAccepted:
+    """Store chat messages (``{role, content}``; plain text is one user message) as a session dated
+    now, the speaker from the role, and queue it for curation; poll ``status_url``."""
+    record = ops.add_messages(body.messages, body.session_id)
+    [accepted] = _accepted(request, ops.namespace, [record])
+    return MessagesAccepted(**accepted.model_dump(), started_at=record.session.started_at)
 
 
 @sessions.get("/sessions/{session_id}", response_model=SessionRecord)

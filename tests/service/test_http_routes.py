@@ -275,6 +275,7 @@ def test_openapi_schema_is_valid_and_lists_every_route(service):
         ("POST", f"{ns}/sessions"),
         ("POST", f"{ns}/sessions/batch"),
         ("GET", f"{ns}/sessions/{{session_id}}"),
+        ("POST", f"{ns}/messages"),
         ("POST", f"{ns}/memories"),
         ("GET", f"{ns}/memories"),
         ("GET", f"{ns}/memories/{{memory_id}}"),

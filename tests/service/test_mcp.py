@@ -35,7 +35,23 @@ from tests.fake_vllm_server import ChatServer
 from tests.service.live import REPO, ThreadedServer
 from tests.service.scripted_llm import ANSWER, llm_settings, respond
 
-TOOLS = {"add_session", "add_memory", "search", "ask", "list_memories", "delete_memory"}
+TOOLS = {
+    "remember",
+    "add_messages",
+    "session_status",
+    "add_session",
+    "add_memory",
+    "search",
+    "ask",
+    "list_memories",
+    "delete_memory",
+    "reset_namespace",
+}
+NOTE = "My sister Ana lives in Lyon."
+CHAT = [
+    {"role": "user", "content": "I adopted a cat named Miso."},
+    {"role": "assistant", "content": "Lovely! How old is Miso?"},
+]
 QUESTION = "What is the name of Alice's puppy?"
 EPISODE = {
     "title": "Biscuit",
@@ -148,6 +164,29 @@ async def tool_tour(session: ClientSession, scope: dict[str, str], session_id: s
         {"session_id": session_id, "started_at": STARTED_AT, "turns": turns(session_id), **scope},
     )
     assert "conflict" in duplicate
+
+    # Plain text and chat messages: stored at once as sessions dated now, curated by the worker,
+    # each turn spoken by the message's role.
+    noted = await call(session, "remember", {"text": NOTE, **scope})
+    chat = await call(session, "add_messages", {"messages": CHAT, **scope})
+    for queued, messages in ((noted, [{"role": "user", "content": NOTE}]), (chat, CHAT)):
+        assert queued["curation_status"] == "pending" and queued["namespace"] == added["namespace"]
+        status = await wait_for(
+            lambda queued=queued: call(session, "session_status", {"session_id": queued["session_id"], **scope}),
+            lambda status: status["curation_status"] != "pending",
+        )
+        assert (status["curation_status"], status["turns"]) == ("curated", len(messages))
+        # The scripted curator writes one tuple per turn: speaker as entity, text as object.
+        found = await call(session, "list_memories", {"kind": "tuple", "limit": 200, **scope})
+        said = {
+            (m["entity"], m["object"], tuple(m["source_turn_ids"]))
+            for m in found["items"]
+            if m["source_session_id"] == queued["session_id"]
+        }
+        assert said == {(m["role"], m["content"], (f"{queued['session_id']}:{i}",)) for i, m in enumerate(messages)}
+    assert "not_found" in await refused(session, "session_status", {"session_id": "nope", **scope})
+    assert (await refused(session, "add_messages", {"messages": [], **scope})).startswith("validation_error: ")
+    assert (await refused(session, "remember", {"text": "   ", **scope})).startswith("validation_error: ")
     return {"episode_id": episode_id, "tuple_id": tuple_id}
 
 
@@ -165,8 +204,9 @@ def test_stdio_server_lists_and_calls_every_tool_in_its_fixed_namespace(tmp_path
     server = StdioServerParameters(
         command=str(Path(sys.executable).parent / "hybridmem"),
         args=["mcp", "--namespace", "alice", "--db", str(db), "--config", str(config)],
-        # One torch thread: the test shares two cores with the server; offline like every test.
-        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        # One torch thread: the test shares two cores with the server; offline like every test; this
+        # checkout's package, not the one the venv has installed.
+        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)},
         cwd=REPO,
     )
 
