@@ -483,7 +483,7 @@ def demo(
         with open_memory(db, config, overrides) as memory:
             console.print(
                 f"[bold]LLM:[/] {memory.config.llm.backend}:{memory.config.llm.model}  "
-                f"[bold]embedder:[/] {memory.config.embedder.model}  [bold]store:[/] {db}"
+                f"[bold]embedder:[/] {memory.embedder.model_id}  [bold]store:[/] {db}"
             )
             report = memory.ingest(sessions, on_progress=progress())
             console.print(

@@ -1,6 +1,6 @@
 """The CLI is the API with flags: the record verbs (add, get, list, update, delete, history),
 ``--json`` beside tables, ``--set`` config overrides and ``-`` for standard input, run with
-typer's runner on a real store (SQLite, hnswlib, the shared MiniLM)."""
+typer's runner on a real store (SQLite, hnswlib, BM25, the hashing embedder)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hybridmem_local.cli import app
 from hybridmem_local.cli_common import parse_overrides
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
+from tests.conftest import HASHING_CONFIG
 
 SESSION = Session(
     session_id="s1",
@@ -44,10 +45,11 @@ def as_json(*args: str, input: str | None = None):
 
 
 @pytest.fixture
-def db(tmp_path, minilm):
-    """A store with one session of alice's, two episodes and a tuple citing its turns."""
+def db(tmp_path, hashing_embedder, hashing_cli):
+    """A store with one session of alice's, two episodes and a tuple citing its turns; the
+    commands open it with the same (hashing) embedder."""
     path = tmp_path / "memory.db"
-    with HybridMemory.open(path, embedder=minilm) as memory:
+    with HybridMemory.open(path, embedder=hashing_embedder) as memory:
         memory.add_memories(
             "alice",
             episodes=[
@@ -131,9 +133,17 @@ def test_set_overrides_the_config_of_any_command(db):
 def test_config_and_files_are_read_from_stdin(db, tmp_path):
     assert (
         len(
-            as_json("search", "Biscuit", "-n", "alice", "--config", "-", "--db", db, input="retrieval:\n  k: 1\n")[
-                "episodes"
-            ]
+            as_json(
+                "search",
+                "Biscuit",
+                "-n",
+                "alice",
+                "--config",
+                "-",
+                "--db",
+                db,
+                input=HASHING_CONFIG + "retrieval:\n  k: 1\n",
+            )["episodes"]
         )
         == 1
     )
