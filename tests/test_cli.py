@@ -160,6 +160,34 @@ def test_config_and_files_are_read_from_stdin(db, tmp_path):
     assert as_json("stats", "-n", "bob", "--db", db)["counts"]["sessions"] == 1
 
 
+def test_search_shows_the_windows_of_raw_turns_in_a_table_of_their_own(db, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # rich wraps cells to the terminal's width
+    query = "How fast did Bob run the Riverside 10K?"
+    found = as_json("search", query, "-n", "alice", "--db", db)
+    assert found["tuples"] and found["windows"]
+    table = run("search", query, "-n", "alice", "--db", db).stdout
+    assert "memories" in table and "the Riverside 10K in 52 minutes (2023-05-07)" in table
+    assert "conversation windows" in table
+    for hit in found["windows"]:
+        window = hit["window"]
+        row = next(line for line in table.splitlines() if ",".join(t["turn_id"] for t in window["turns"]) in line)
+        first = window["turns"][0]
+        assert f"{hit['score']:.3f}" in row and "s1" in row and "2023-05-08 13:56" in row
+        assert f"{first['speaker']}: {first['text']}" in row
+    # A session stored without curation has no memories yet: its turns are the answer.
+    jsonl = another_session("s9", "carol").model_dump_json() + "\n"
+    run("ingest", "-", "--no-curate", "--db", db, input=jsonl)
+    raw = as_json("search", query, "-n", "carol", "--db", db)
+    assert raw["episodes"] == raw["tuples"] == [] and raw["windows"]
+    assert raw["windows"][0]["window"]["turns"][1]["text"] == "I ran the Riverside 10K in 52 minutes."
+    table = run("search", query, "-n", "carol", "--db", db).stdout
+    assert "memories" not in table and "conversation windows" in table
+    assert "Bob: I ran the Riverside 10K in 52 minutes." in table and "s9:0,s9:1,s9:2" in table
+    assert len([line for line in table.splitlines() if "s9:" in line]) == len(raw["windows"])
+    nothing = run("search", query, "-n", "nobody", "--db", db).stdout
+    assert "memories" in nothing and "conversation windows" not in nothing
+
+
 def test_add_queues_a_session_and_reports_what_it_stored(db):
     jsonl = another_session("s3").model_dump_json() + "\n"
     [result] = as_json("add", "-", "--set", "curation.mode=queue", "--db", db, input=jsonl)
