@@ -20,13 +20,22 @@ class _Section(BaseModel):
 
 
 class EmbedderConfig(_Section):
-    backend: Literal["sentence-transformers"] = "sentence-transformers"
+    """One embedder backend; ``backend`` picks the implementation (see hybridmem_local.embedding).
+
+    ``sentence-transformers`` (the default) runs a model file: ``model``, ``path``, ``batch_size``
+    and ``device`` are its settings. ``hashing`` needs no model file (feature hashing of words, for
+    plumbing tests and tiny deployments, not for semantic recall): ``dimension`` is its setting.
+    """
+
+    backend: Literal["sentence-transformers", "hashing"] = "sentence-transformers"
     #: A name from models/manifest.yaml; resolved to a local directory, never a hub id.
     model: str = "all-minilm-l6-v2"
     #: Explicit local directory; overrides the manifest lookup.
     path: Path | None = None
     batch_size: int = Field(default=64, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    #: hashing: the vector size (a sentence-transformers model has its own). 384 as MiniLM.
+    dimension: int = Field(default=384, ge=16)
 
 
 class IndexConfig(_Section):

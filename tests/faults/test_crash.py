@@ -210,17 +210,17 @@ def _change(memory: HybridMemory, item, change: str) -> None:
 @pytest.mark.parametrize("change", ["add", "delete", "add_and_delete"])
 @pytest.mark.parametrize("crash", list(INTERRUPTED_SAVES))
 @pytest.mark.parametrize("index_kind", list(INDEX_KINDS))
-def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, minilm, index_kind, crash, change):
+def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, hashing_embedder, index_kind, crash, change):
     kind = INDEX_KINDS[index_kind]
     items = curated_sessions("alice", 4, seed=3)
     db = tmp_path / "m.db"
     folder = Path(str(db) + ".indexes") / "alice"
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         for item in items[:3]:
             memory.add_memories("alice", episodes=item.episodes, tuples=item.tuples, session=item.session)
         memory.search("save the indexes", namespace="alice")
     old = kind.files(folder)
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         _change(memory, items[3], change)
     new = kind.files(folder)
     assert old and set(kind.generation(old)).isdisjoint(kind.generation(new)), "a save must write a new generation"
@@ -228,8 +228,8 @@ def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, minilm, 
         (folder / name).unlink()
     for name, data in INTERRUPTED_SAVES[crash](kind, old, new).items():
         (folder / name).write_bytes(data)
-    assert_search_matches_rebuild(db, minilm, ["alice"], tmp_path)
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    assert_search_matches_rebuild(db, hashing_embedder, ["alice"], tmp_path)
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         _change(memory, items[3], "delete")
     left = {kind.generation_of(name) for name in kind.generation(kind.files(folder))}
     # A save removes the generation it replaced; a fresh orphan of the killed save stays (it may
