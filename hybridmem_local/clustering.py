@@ -53,12 +53,12 @@ class ClusteringResult(BaseModel):
     umap_s: float = 0.0
     hdbscan_s: float = 0.0
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects decorated properties
     @property
     def n_clusters(self) -> int:
         return len({label for label in self.labels if label != NOISE})
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects decorated properties
     @property
     def n_noise(self) -> int:
         return sum(1 for label in self.labels if label == NOISE)

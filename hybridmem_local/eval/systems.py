@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import AwareDatetime, Field
 
-from hybridmem_local.config import Config, RetrievalConfig
+from hybridmem_local.config import Config, RetrievalConfig, SearchSource
 from hybridmem_local.retrieval import Retriever, format_context
 from hybridmem_local.schema import Provenance, SearchResult, Session, StrictModel, turn_line
 from hybridmem_local.store import MemoryStore
@@ -93,7 +93,7 @@ class EvalConversation(StrictModel):
 class RankedItem(StrictModel):
     """One retrieved item: a memory (episode, tuple) or an evidence window of raw turns."""
 
-    store: Literal["episodes", "tuples", "windows"]
+    store: SearchSource
     #: Memory id, or the window id (the turns-table key of its first turn).
     id: int
     turn_ids: list[str]

@@ -12,11 +12,13 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+ChatRole = Literal["system", "user", "assistant"]
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    role: Literal["system", "user", "assistant"]
+    role: ChatRole
     content: str
 
 
