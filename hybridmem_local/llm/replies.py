@@ -246,8 +246,6 @@ def generate_with_retries(
 class ChatBackend(ABC):
     """Base of the built-in backends: ``generate`` = ``_complete`` + validation + retries."""
 
-    #: Whether the backend loads weights from a local path (else it talks to a server).
-    needs_local_model: bool = True
     #: Requests the call cache sends per call and commits together: what a killed run can
     #: lose, traded against the batch the engine sees (see ``CachedLLM``).
     cache_chunk_size: int = 32
