@@ -70,8 +70,10 @@ class LLMError(RuntimeError):
 
 @runtime_checkable
 class StructuredLLM(Protocol):
-    #: Identifies backend + model for caches and run manifests, e.g. "llamacpp:smollm2-135m-instruct".
-    model_id: str
+    @property
+    def model_id(self) -> str:
+        """Identifies backend + model for caches and run manifests, e.g. "llamacpp:smollm2-135m-instruct"."""
+        ...
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         """Run a batch; one result per request, in order. Never raises for a bad reply:
