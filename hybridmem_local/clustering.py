@@ -259,7 +259,7 @@ def _cuda_device_visible() -> tuple[bool, str]:
 def cuml_usable() -> tuple[bool, str]:
     """Whether the GPU clusterer can run here (cuML imports, a CUDA device is visible), and why."""
     try:
-        import cuml  # noqa: F401
+        import cuml  # noqa: F401 - imported only to learn whether it imports
     except Exception as exc:  # ImportError, or a CUDA library failing to load
         return False, f"cuml does not import ({type(exc).__name__}: {exc})"
     return _cuda_device_visible()
