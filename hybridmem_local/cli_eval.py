@@ -17,7 +17,7 @@ import typer
 from hybridmem_local.cli_common import CONFIG_OPTION, JSON_OPTION, SET_OPTION, console, parse_overrides, print_json
 from hybridmem_local.cli_errors import err, fail, reported
 from hybridmem_local.config import ConfigError, load_config
-from hybridmem_local.eval import DatasetError
+from hybridmem_local.eval import Benchmark, DatasetError
 from hybridmem_local.eval.judge_audit import DEFAULT_AUDIT_SIZE
 from hybridmem_local.eval.systems import DEFAULT_RAG_BUDGET, SYSTEMS
 
@@ -71,7 +71,7 @@ def _names(value: str | None) -> list[str] | None:
     return None if value is None else [part.strip() for part in value.split(",") if part.strip()]
 
 
-def _run(benchmark: str, **kwargs) -> None:
+def _run(benchmark: Benchmark, **kwargs) -> None:
     from hybridmem_local.eval.options import RunOptions
     from hybridmem_local.eval.report import SUMMARY_MD
     from hybridmem_local.eval.runner import run_evaluation

@@ -25,6 +25,7 @@ rate_limited with ``retry_after``, payload_too_large, not_ready, internal) raise
 
 from __future__ import annotations
 
+import builtins  # annotations after the method `list` below name the builtin as builtins.list
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -251,7 +252,7 @@ class HybridMemoryClient:
             next_offset = page.next_offset
         return out
 
-    def history(self, memory_id: int, *, namespace: str = "default") -> list[Event]:
+    def history(self, memory_id: int, *, namespace: str = "default") -> builtins.list[Event]:
         return _EVENTS.validate_python(
             self._request("GET", f"{self._ns(namespace)}/memories/{int(memory_id)}/history").json()
         )

@@ -56,6 +56,11 @@ class FusionWeights(_Section):
     lexical: float = Field(default=1.0, ge=0.0)
 
 
+#: A store a search reads: the two curated memory stores and the raw-turn evidence windows.
+SearchSource = Literal["episodes", "tuples", "windows"]
+SEARCH_SOURCES: tuple[SearchSource, ...] = ("episodes", "tuples", "windows")
+
+
 class RetrievalConfig(_Section):
     #: Top-k episodes and top-(tuple_multiplier * k) tuples (paper §3.3: k = 10, 2k tuples).
     k: int = Field(default=10, ge=1)
@@ -72,9 +77,7 @@ class RetrievalConfig(_Section):
     weights: FusionWeights = Field(default_factory=FusionWeights)
     #: The stores searched: curated memories and raw-turn evidence windows, fused in one
     #: ranking by default (see context_budget). configs/paper.yaml is the paper's selection.
-    sources: list[Literal["episodes", "tuples", "windows"]] = Field(
-        default_factory=lambda: ["episodes", "tuples", "windows"], min_length=1
-    )
+    sources: list[SearchSource] = Field(default_factory=lambda: list(SEARCH_SOURCES), min_length=1)
     #: Evidence windows: turns per window and turns between window starts (within one session).
     window_size: int = Field(default=3, ge=1)
     window_stride: int = Field(default=1, ge=1)

@@ -214,7 +214,7 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
     needed = {"llamacpp": "llama_cpp", "vllm-offline": "vllm"}
     for llm in [config.llm, config.judge]:
         module = needed.get(llm.backend) if llm is not None else None
-        if module and not backends[module]["importable"]:
+        if llm is not None and module and not backends[module]["importable"]:
             problems.append(f"llm backend {llm.backend!r} needs {module}: {backends[module]['error']}")
     if config.consolidation.backend == "gpu" and not (
         backends["cuml"]["importable"] and backends["torch"]["cuda_available"]
@@ -247,7 +247,7 @@ def _config_settings(config: Config) -> dict[str, str]:
     from hybridmem_local.clustering import cuml_usable
 
     llm, retrieval, consolidation = config.llm, config.retrieval, config.consolidation
-    clusterer = consolidation.backend
+    clusterer: str = consolidation.backend
     if clusterer == "auto":
         usable, why = cuml_usable()
         clusterer = f"auto → {'gpu (cuML)' if usable else 'cpu'}: {why}"

@@ -53,7 +53,10 @@ class SentenceTransformerEmbedder:
         dimension_of = (
             getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         )
-        self.dimension = int(dimension_of())
+        dimension = dimension_of()
+        if dimension is None:
+            raise ValueError(f"embedder {model_id} at {path} does not report its embedding dimension")
+        self.dimension = int(dimension)
         self.batch_size = batch_size
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:

@@ -246,21 +246,21 @@ class LexicalIndex:
 
     def add(self, ids: np.ndarray, texts: Sequence[str]) -> None:
         """Add documents (a document already present is replaced)."""
-        ids = [int(i) for i in np.asarray(ids, dtype=np.int64)]
-        if len(ids) != len(texts):
-            raise ValueError(f"{self.kind} lexical index: {len(ids)} ids for {len(texts)} texts")
-        self.remove([i for i in ids if i in self._slot_of])
+        doc_ids = [int(i) for i in np.asarray(ids, dtype=np.int64)]
+        if len(doc_ids) != len(texts):
+            raise ValueError(f"{self.kind} lexical index: {len(doc_ids)} ids for {len(texts)} texts")
+        self.remove([i for i in doc_ids if i in self._slot_of])
         new_postings: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for doc_id, tokens in zip(ids, tokenize(texts) if ids else [], strict=True):
+        for doc_id, tokens in zip(doc_ids, tokenize(texts) if doc_ids else [], strict=True):
             slot = len(self._labels)
             self._labels.append(doc_id)
             self._lengths.append(len(tokens))
             self._total_length += len(tokens)
             self._slot_of[doc_id] = slot
-            counts = Counter(tokens)
-            term_ids = [self._vocab.setdefault(term, len(self._vocab)) for term in counts]
-            self._doc_terms[slot] = (term_ids, list(counts.values()))
-            for term_id, count in zip(term_ids, counts.values(), strict=True):
+            term_counts = Counter(tokens)
+            term_ids = [self._vocab.setdefault(term, len(self._vocab)) for term in term_counts]
+            self._doc_terms[slot] = (term_ids, list(term_counts.values()))
+            for term_id, count in zip(term_ids, term_counts.values(), strict=True):
                 new_postings[term_id].append((slot, count))
         for term_id, pairs in new_postings.items():
             slots = np.array([p[0] for p in pairs], dtype=np.int64)
@@ -269,7 +269,7 @@ class LexicalIndex:
                 old_slots, old_counts = self._postings[term_id]
                 slots, counts = np.concatenate([old_slots, slots]), np.concatenate([old_counts, counts])
             self._postings[term_id] = (slots, counts)
-        self._dirty = self._dirty or bool(ids)
+        self._dirty = self._dirty or bool(doc_ids)
         self._scoring = None
 
     def remove(self, ids: Sequence[int]) -> None:

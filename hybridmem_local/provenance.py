@@ -46,6 +46,7 @@ class AlignmentSettings(BaseModel):
 
 def memory_text(memory: EpisodeDraft | TupleDraft) -> str:
     """What a memory is aligned by: an episode's title, summary and details; a tuple's fields."""
+    parts: tuple[str, ...]
     if isinstance(memory, EpisodeDraft):
         parts = (memory.title, memory.summary, memory.details)
     else:

@@ -178,7 +178,9 @@ def test_the_library_and_the_eval_systems_show_the_turns_when_the_config_says_so
         memory.config.answering.evidence_turns = False
         assert memory.answer_search("How long did Bob's 10K take?", namespace="alice").source_turns == []
 
-        words = lambda text: len(text.split())  # noqa: E731
+        def words(text: str) -> int:
+            return len(text.split())
+
         question = EvalQuestion(
             question_id="q1", question="How long did Bob's 10K take?", gold="52 minutes", category="single-hop"
         )
