@@ -53,7 +53,6 @@ from pydantic.config import JsonDict
 
 from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.dates import annotate_relative_dates
-from hybridmem_local.lexical import tokenize
 from hybridmem_local.llm.base import LLMError, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import PromptTemplate, load_prompt
 from hybridmem_local.provenance import Aligner, AlignmentSettings, Embed, memory_text
@@ -66,6 +65,7 @@ from hybridmem_local.schema import (
     Turn,
     clean_cited_id,
 )
+from hybridmem_local.tokens import tokenize
 from hybridmem_local.usage import LLMUsage
 
 log = logging.getLogger(__name__)

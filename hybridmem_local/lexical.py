@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,21 +38,9 @@ from pydantic import BaseModel, ConfigDict
 from hybridmem_local.files import GenerationFiles
 from hybridmem_local.index import SyncReport
 from hybridmem_local.schema import Episode, RelationalTuple
-
-# bm25s (which pulls in numba and scipy, 1-3 s) and PyStemmer are imported on first lexical
-# use, not with the package.
+from hybridmem_local.tokens import TOKENIZER, tokenize
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def _bm25s():
-    """Import bm25s on first use; it sets its own logger to DEBUG, which would print on every build.
-    Once: ``setLevel`` clears every logger's cache, ~0.6 ms a call with transformers loaded."""
-    import bm25s
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
-    return bm25s
 
 
 #: Bumped when the on-disk layout changes; older indexes are then rebuilt.
@@ -61,34 +48,9 @@ FORMAT = 2
 #: BM25 parameters (bm25s's defaults, Lucene variant).
 K1 = 1.5
 B = 0.75
-STEMMER_LANGUAGE = "english"
-STOPWORDS = "en"
-#: Names the tokenizer in manifests, so an index built another way is rebuilt, not misread.
-TOKENIZER = f"bm25s-{STOPWORDS}-stopwords+pystemmer-{STEMMER_LANGUAGE}"
 
 #: Returns the text of each id, in order.
 TextSource = Callable[[np.ndarray], Sequence[str]]
-
-
-_per_thread = threading.local()
-
-
-def _stemmer():
-    """This thread's stemmer: a Snowball stemmer keeps state between calls, and queries are
-    tokenized on retrieval's ranking threads."""
-    stemmer = getattr(_per_thread, "stemmer", None)
-    if stemmer is None:
-        import Stemmer
-
-        stemmer = _per_thread.stemmer = Stemmer.Stemmer(STEMMER_LANGUAGE)
-    return stemmer
-
-
-def tokenize(texts: Sequence[str]) -> list[list[str]]:
-    """Lower-cased word tokens, English stopwords removed, Snowball-stemmed."""
-    bm25s = _bm25s()
-
-    return bm25s.tokenize(list(texts), stopwords=STOPWORDS, stemmer=_stemmer(), return_ids=False, show_progress=False)
 
 
 @functools.lru_cache(maxsize=64)

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from hybridmem_local.lexical import tokenize
 from hybridmem_local.schema import EpisodeDraft, TupleDraft, Turn, turn_line
+from hybridmem_local.tokens import tokenize
 
 #: Embeds texts into L2-normalised rows (``Embedder.embed``).
 Embed = Callable[[Sequence[str]], np.ndarray]

@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "offline",
             "dates",
             "fusion",
+            "tokens",
             "model_registry",
             "llm.base",
             "prompts",
