@@ -309,7 +309,7 @@ def answer_many(
         for question, context, date, source in zip(questions, rendered, dates, contexts, strict=True)
     ]
     results = llm.generate(requests) if requests else []
-    if mode == "text":
+    if mode == "text" and citer is not None:  # always has a citer (checked above)
         texts = [_text_answer(r.text) if r.ok else "" for r in results]
         derived = citer.cite(questions, texts, rendered)
     else:

@@ -36,7 +36,7 @@ from hybridmem_local.cli_common import (
 )
 from hybridmem_local.cli_errors import err, fail, reported
 from hybridmem_local.ingest import read_sessions_file, read_sessions_jsonl
-from hybridmem_local.schema import Episode, RelationalTuple
+from hybridmem_local.schema import Episode, RelationalTuple, WindowHit
 
 if TYPE_CHECKING:
     from hybridmem_local.memory import IngestReport
@@ -330,7 +330,9 @@ def search(
     config: Path | None = CONFIG_OPTION,
     overrides: list[str] | None = SET_OPTION,
 ) -> None:
-    """Top-k episodes and top-2k tuples for a query (no LLM call)."""
+    """Top-k episodes and top-2k tuples for a query, and the top-k windows of raw turns when
+    windows are a retrieval source (the default); no LLM call. A table of the memories and one
+    of the windows (a row each: its session, date, turn ids and text)."""
     with reported(*USER_ERRORS):
         period = {"since": _day(since, "--since"), "until": _day(until, "--until")}
         with open_memory(db, config, overrides) as memory:
@@ -345,13 +347,33 @@ def search(
     if as_json:
         print_json(result)
         return
-    table = Table("id", "kind", "score", "memory", "turns", "provenance")
+    memories = Table("id", "kind", "score", "memory", "turns", "provenance", title="memories")
     for hit in result.episodes + result.tuples:
         m = hit.memory
-        table.add_row(
+        memories.add_row(
             str(m.id), m.kind, f"{hit.score:.3f}", m.render(), ",".join(m.source_turn_ids), m.provenance or "-"
         )
-    console.print(table)
+    # A store searched before curation (or with windows only) finds its answer in the windows:
+    # an empty memories table above them would read as "nothing found".
+    if result.episodes or result.tuples or not result.windows:
+        console.print(memories)
+    if result.windows:
+        console.print(windows_table(result.windows))
+
+
+def windows_table(hits: list[WindowHit]) -> Table:
+    """Evidence windows, one row each: the raw turns (speaker: text, a line each) of one session."""
+    table = Table("score", "session", "date", "turns", "text", title="conversation windows")
+    for hit in hits:
+        window = hit.window
+        table.add_row(
+            f"{hit.score:.3f}",
+            window.session_id,
+            f"{window.session_date:%Y-%m-%d %H:%M}",
+            ",".join(window.turn_ids),
+            window.index_text(),
+        )
+    return table
 
 
 def _day(value: str | None, option: str) -> date | None:
@@ -483,7 +505,7 @@ def demo(
         with open_memory(db, config, overrides) as memory:
             console.print(
                 f"[bold]LLM:[/] {memory.config.llm.backend}:{memory.config.llm.model}  "
-                f"[bold]embedder:[/] {memory.config.embedder.model}  [bold]store:[/] {db}"
+                f"[bold]embedder:[/] {memory.embedder.model_id}  [bold]store:[/] {db}"
             )
             report = memory.ingest(sessions, on_progress=progress())
             console.print(

@@ -18,6 +18,7 @@ from hybridmem_local.cli_common import CONFIG_OPTION, JSON_OPTION, SET_OPTION, c
 from hybridmem_local.cli_errors import err, fail, reported
 from hybridmem_local.config import load_config
 from hybridmem_local.errors import ConfigError, DatasetError
+from hybridmem_local.eval import Benchmark
 from hybridmem_local.eval.judge_audit import DEFAULT_AUDIT_SIZE
 from hybridmem_local.eval.systems import DEFAULT_RAG_BUDGET, SYSTEMS
 
@@ -71,7 +72,7 @@ def _names(value: str | None) -> list[str] | None:
     return None if value is None else [part.strip() for part in value.split(",") if part.strip()]
 
 
-def _run(benchmark: str, **kwargs) -> None:
+def _run(benchmark: Benchmark, **kwargs) -> None:
     from hybridmem_local.errors import ModelRegistryError
     from hybridmem_local.eval.options import RunOptions
     from hybridmem_local.eval.report import SUMMARY_MD

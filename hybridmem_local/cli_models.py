@@ -39,9 +39,10 @@ def _manifest(path: Path | None) -> model_registry.Manifest:
         return model_registry.load_manifest(path)
 
 
-def _size(n: int | None) -> str:
-    if n is None:
+def _size(n_bytes: int | None) -> str:
+    if n_bytes is None:
         return "?"
+    n = float(n_bytes)
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -109,8 +110,8 @@ def list_command(
     for column in ("name", "role", "present", "source", "check", "size", "path"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        known_sizes = [f.size for f in row.entry.files]
-        size = _size(sum(known_sizes)) if None not in known_sizes else "?"
+        known_sizes = [f.size for f in row.entry.files if f.size is not None]
+        size = _size(sum(known_sizes)) if len(known_sizes) == len(row.entry.files) else "?"
         present = Text("yes", style="green") if row.resolved else Text("no", style="red")
         table.add_row(
             row.entry.name,

@@ -160,7 +160,8 @@ def keys_revoke(
             key = KeyRing(store).revoke(key_id)
         finally:
             store.close()
-    console.print(f"revoked key {key.key_id} at {key.revoked_at.isoformat(timespec='seconds')}")
+    at = f" at {key.revoked_at.isoformat(timespec='seconds')}" if key.revoked_at is not None else ""
+    console.print(f"revoked key {key.key_id}{at}")
 
 
 # --------------------------------------------------------------------------- service: MCP over stdio

@@ -50,12 +50,12 @@ class ClusteringResult(BaseModel):
     umap_s: float = 0.0
     hdbscan_s: float = 0.0
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects decorated properties
     @property
     def n_clusters(self) -> int:
         return len({label for label in self.labels if label != NOISE})
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects decorated properties
     @property
     def n_noise(self) -> int:
         return sum(1 for label in self.labels if label == NOISE)
@@ -256,7 +256,7 @@ def _cuda_device_visible() -> tuple[bool, str]:
 def cuml_usable() -> tuple[bool, str]:
     """Whether the GPU clusterer can run here (cuML imports, a CUDA device is visible), and why."""
     try:
-        import cuml  # noqa: F401
+        import cuml  # noqa: F401 - imported only to learn whether it imports
     except Exception as exc:  # ImportError, or a CUDA library failing to load
         return False, f"cuml does not import ({type(exc).__name__}: {exc})"
     return _cuda_device_visible()

@@ -21,13 +21,22 @@ class _Section(BaseModel):
 
 
 class EmbedderConfig(_Section):
-    backend: Literal["sentence-transformers"] = "sentence-transformers"
+    """One embedder backend; ``backend`` picks the implementation (see hybridmem_local.embedding).
+
+    ``sentence-transformers`` (the default) runs a model file: ``model``, ``path``, ``batch_size``
+    and ``device`` are its settings. ``hashing`` needs no model file (feature hashing of words, for
+    plumbing tests and tiny deployments, not for semantic recall): ``dimension`` is its setting.
+    """
+
+    backend: Literal["sentence-transformers", "hashing"] = "sentence-transformers"
     #: A name from models/manifest.yaml; resolved to a local directory, never a hub id.
     model: str = "all-minilm-l6-v2"
     #: Explicit local directory; overrides the manifest lookup.
     path: Path | None = None
     batch_size: int = Field(default=64, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    #: hashing: the vector size (a sentence-transformers model has its own). 384 as MiniLM.
+    dimension: int = Field(default=384, ge=16)
 
 
 class IndexConfig(_Section):
@@ -48,6 +57,11 @@ class FusionWeights(_Section):
     lexical: float = Field(default=1.0, ge=0.0)
 
 
+#: A store a search reads: the two curated memory stores and the raw-turn evidence windows.
+SearchSource = Literal["episodes", "tuples", "windows"]
+SEARCH_SOURCES: tuple[SearchSource, ...] = ("episodes", "tuples", "windows")
+
+
 class RetrievalConfig(_Section):
     #: Top-k episodes and top-(tuple_multiplier * k) tuples (paper §3.3: k = 10, 2k tuples).
     k: int = Field(default=10, ge=1)
@@ -64,9 +78,7 @@ class RetrievalConfig(_Section):
     weights: FusionWeights = Field(default_factory=FusionWeights)
     #: The stores searched: curated memories and raw-turn evidence windows, fused in one
     #: ranking by default (see context_budget). configs/paper.yaml is the paper's selection.
-    sources: list[Literal["episodes", "tuples", "windows"]] = Field(
-        default_factory=lambda: ["episodes", "tuples", "windows"], min_length=1
-    )
+    sources: list[SearchSource] = Field(default_factory=lambda: list(SEARCH_SOURCES), min_length=1)
     #: Evidence windows: turns per window and turns between window starts (within one session).
     window_size: int = Field(default=3, ge=1)
     window_stride: int = Field(default=1, ge=1)

@@ -354,7 +354,7 @@ def plan_consolidation(
         active = store.list_memories(namespace, kind)
         stats = report.stores[kind] = StoreReport(memories_before=len(active))
         if clusters is not None:
-            found = _given_clusters(namespace, kind, clusters.get(kind, ()), {m.id: m for m in active})
+            found = _given_clusters(namespace, kind, clusters.get(kind, ()), {m.stored_id: m for m in active})
         else:
             clusterer = clusterer or make_clusterer(config.consolidation)
             found = _cluster(indexes, namespace, active, clusterer, report, stats)
@@ -362,7 +362,7 @@ def plan_consolidation(
         stats.noise = len(active) - sum(len(c) for c in found)
         for cluster in found:
             for part in _split_to_fit(cluster, llm, config.llm.context_tokens - config.llm.max_new_tokens):
-                groups.append((Group(kind=kind, memory_ids=[m.id for m in part]), part))
+                groups.append((Group(kind=kind, memory_ids=[m.stored_id for m in part]), part))
 
     plan = _plan(namespace, llm, groups, report)
     report.plan = plan
@@ -397,13 +397,18 @@ def plan_undo(store: MemoryStore, run_id: int) -> UndoPlan:
     purged = [i for i in touched if i not in current]
     if purged:
         raise ConsolidationError(f"cannot undo consolidation run {run_id}: memories {purged[:10]} were purged since")
-    last_event = {e.memory_id: e for e in store.run_events(run_id)}
+    last_event = {e.memory_id: e for e in store.run_events(run_id) if e.memory_id is not None}
     conflicts = [i for i in touched if _state(last_event[i].after) != _state(current[i])]
     if conflicts:
         raise ConsolidationError(_conflict_message(store, run_id, conflicts, last_event))
-    return UndoPlan(
-        namespace=row["namespace"], restore={i: last_event[i].before for i in changed_ids}, merged_ids=merged_ids
-    )
+    restore = {i: before for i in changed_ids if (before := last_event[i].before) is not None}
+    if len(restore) < len(changed_ids):
+        unrecorded = sorted(set(changed_ids) - set(restore))
+        raise ConsolidationError(
+            f"cannot undo consolidation run {run_id}: the events of memories {unrecorded[:10]} do not record their "
+            "state before it"
+        )
+    return UndoPlan(namespace=row["namespace"], restore=restore, merged_ids=merged_ids)
 
 
 def plan_request(namespace: str, kind: MemoryKind, members: Sequence[Memory]) -> LLMRequest:
@@ -430,12 +435,13 @@ def validate_plan(group: Group, members: Sequence[Memory], reply: EpisodePlan | 
         used.add(short_id)
         return by_short[short_id]
 
+    planned_merges: Sequence[EpisodeMerge | TupleMerge] = reply.merges
     merges = [
         _merge([take(s, f"merges[{i}].member_ids") for s in planned.member_ids], planned.merged)
-        for i, planned in enumerate(reply.merges)
+        for i, planned in enumerate(planned_merges)
     ]
     deletions = [
-        Deletion(memory_id=take(planned.id, f"deletions[{i}].id").id, reason=planned.reason)
+        Deletion(memory_id=take(planned.id, f"deletions[{i}].id").stored_id, reason=planned.reason)
         for i, planned in enumerate(reply.deletions)
     ]
     if not merges and len(deletions) == len(members):
@@ -534,7 +540,7 @@ def _merge(sources: list[Memory], draft: EpisodeDraft | TupleDraft) -> Merge:
     timestamp = draft.timestamp if draft.timestamp in stamps else max(stamps)
     sessions = {s.source_session_id for s in sources}
     return Merge(
-        source_ids=[s.id for s in sources],
+        source_ids=[s.stored_id for s in sources],
         merged=draft.model_copy(
             update={
                 "source_turn_ids": turn_ids,
@@ -582,11 +588,11 @@ def _plan(
     # Only plans that parsed but broke the group's rules are asked again: a reply that failed
     # (schema, cut off, transport) was already retried by the LLM layer, and retrying it on top
     # stacks two quoted replies into one prompt.
-    invalid = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, str) and results[i].ok]
+    invalid = {i: outcome for i, outcome in enumerate(outcomes) if isinstance(outcome, str) and results[i].ok}
     for i in invalid:
         report.stores[groups[i][0].kind].invalid_plans_retried += 1
     if invalid:
-        retries = [feedback_request(requests[i], results[i].text, outcomes[i]) for i in invalid]
+        retries = [feedback_request(requests[i], results[i].text, error) for i, error in invalid.items()]
         for i, result in zip(invalid, _generate(llm, retries, report), strict=True):
             outcome = _check(*groups[i], result)
             if isinstance(outcome, GroupPlan):

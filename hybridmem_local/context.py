@@ -75,7 +75,7 @@ def assemble_context(
     candidates = _fused_order(result, source_weights)
     evidence = _evidence_turns(result)
     if budget is None:
-        chosen = [pick for item in candidates for pick in [item, *evidence.get(_item_key(item), [])]]
+        chosen = [pick for item in candidates for pick in [item, *_window_items(evidence.get(_item_key(item), []))]]
     else:
         if count_tokens is None:
             raise InvalidInputError("a context budget needs count_tokens (the answer model's tokenizer)")
@@ -106,20 +106,24 @@ def _fused_order(result: SearchResult, source_weights: Mapping[str, float] | Non
 
 
 def _item_id(item: _Item) -> int:
-    return item.hit.id if isinstance(item.hit, EvidenceWindow) else item.hit.memory.id
+    return item.hit.id if isinstance(item.hit, EvidenceWindow) else item.hit.memory.stored_id
 
 
 def _item_key(item: _Item) -> tuple[str, int]:
     return item.prefix, _item_id(item)
 
 
-def _evidence_turns(result: SearchResult) -> dict[tuple[str, int], list[_Item]]:
+def _window_items(windows: list[EvidenceWindow]) -> list[_Item]:
+    return [_Item("W", window) for window in windows]
+
+
+def _evidence_turns(result: SearchResult) -> dict[tuple[str, int], list[EvidenceWindow]]:
     """Each memory's attached source turns (one-turn windows, in its citation order) by item key."""
     if not result.source_turns:
         return {}
     by_turn = {window.turns[0].turn_id: window for window in result.source_turns}
     return {
-        (prefix, hit.memory.id): [_Item("W", by_turn[t]) for t in hit.memory.source_turn_ids if t in by_turn]
+        (prefix, hit.memory.stored_id): [by_turn[t] for t in hit.memory.source_turn_ids if t in by_turn]
         for prefix, hits in (("E", result.episodes), ("T", result.tuples))
         for hit in hits
     }
@@ -137,7 +141,7 @@ class _CachedCounter:
 
 
 def _fill(
-    candidates: list[_Item], evidence: dict[tuple[str, int], list[_Item]], budget: int, count: _CachedCounter
+    candidates: list[_Item], evidence: dict[tuple[str, int], list[EvidenceWindow]], budget: int, count: _CachedCounter
 ) -> list[_Item]:
     """Greedy first-fit in rank order. Raw turns pay only for the turns not shown yet; a memory
     brings its evidence turns when memory and turns fit, and comes alone when only it does."""
@@ -147,9 +151,9 @@ def _fill(
     shown: dict[str, set[int]] = defaultdict(set)  # session id → positions already shown
     for item in candidates:
         if isinstance(item.hit, EvidenceWindow):
-            options = [[item]] if _new_turns([item], shown) else []
+            options = [[item]] if _new_turns([item.hit], shown) else []
         else:
-            turns = [w for w in evidence.get(_item_key(item), []) if _new_turns([w], shown)]
+            turns = _window_items([w for w in evidence.get(_item_key(item), []) if _new_turns([w], shown)])
             options = [[item, *turns], [item]] if turns else [[item]]
         for picks in options:
             cost = _cost(picks, sections, shown, count)
@@ -169,11 +173,10 @@ def _positions(window: EvidenceWindow) -> range:
     return range(window.start, window.start + len(window.turns))
 
 
-def _new_turns(items: list[_Item], shown: dict[str, set[int]]) -> dict[str, dict[int, Turn]]:
-    """The turns of these raw-turn items not shown yet: session id → position → turn."""
+def _new_turns(windows: list[EvidenceWindow], shown: dict[str, set[int]]) -> dict[str, dict[int, Turn]]:
+    """The turns of these windows not shown yet: session id → position → turn."""
     new: dict[str, dict[int, Turn]] = defaultdict(dict)
-    for item in items:
-        window = item.hit
+    for window in windows:
         for position, turn in zip(_positions(window), window.turns, strict=True):
             if position not in shown[window.session_id]:
                 new[window.session_id][position] = turn
@@ -186,8 +189,8 @@ def _cost(picks: list[_Item], sections: list[str], shown: dict[str, set[int]], c
     for prefix in dict.fromkeys(pick.prefix for pick in picks):
         if prefix not in sections:
             cost += count(_section_header(prefix, first=not sections))
-    raw = [pick for pick in picks if isinstance(pick.hit, EvidenceWindow)]
-    firsts = {pick.hit.session_id: pick.hit for pick in raw}
+    raw = [pick.hit for pick in picks if isinstance(pick.hit, EvidenceWindow)]
+    firsts = {window.session_id: window for window in raw}
     for session_id, turns in _new_turns(raw, shown).items():
         before = shown[session_id]
         if not before:
@@ -197,7 +200,7 @@ def _cost(picks: list[_Item], sections: list[str], shown: dict[str, set[int]], c
         cost += count("[W1] ") * (_runs(before | set(turns)) - _runs(before))
         cost += sum(count(turn_line(t) + "\n") for t in turns.values())
     for pick in picks:
-        if not isinstance(pick.hit, EvidenceWindow):
+        if isinstance(pick.hit, Hit):
             cost += count(f"[{pick.prefix}1] {pick.hit.memory.render()}\n")
     return cost
 
@@ -223,19 +226,20 @@ def _render(chosen: list[_Item]) -> RenderedContext:
     provenance: dict[str, None] = {}
     lines: list[str] = []
     for prefix, title in _SECTIONS:
-        group = [item.hit for item in chosen if item.prefix == prefix]
-        if not group:
+        windows = [item.hit for item in chosen if item.prefix == prefix and isinstance(item.hit, EvidenceWindow)]
+        hits = [item.hit for item in chosen if item.prefix == prefix and isinstance(item.hit, Hit)]
+        if not windows and not hits:
             continue
         lines.append(f"## {title}")
-        if prefix == "W":
-            for short, turns, block_lines in _window_blocks(group):
+        if windows:
+            for short, turns, block_lines in _window_blocks(windows):
                 window_turns[short] = [t.turn_id for t in turns]
                 provenance.update(dict.fromkeys(window_turns[short]))
                 lines.extend(block_lines)
         else:
-            for i, hit in enumerate(sorted(group, key=lambda h: (h.memory.timestamp, h.memory.id or 0)), start=1):
+            for i, hit in enumerate(sorted(hits, key=lambda h: (h.memory.timestamp, h.memory.stored_id)), start=1):
                 short = f"{prefix}{i}"
-                short_ids[short] = hit.memory.id
+                short_ids[short] = hit.memory.stored_id
                 memory_texts[short] = hit.memory.render()
                 provenance.update(dict.fromkeys(hit.memory.source_turn_ids))
                 lines.append(f"[{short}] {hit.memory.render()}")

@@ -45,14 +45,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from functools import cache
+from typing import Any, TypeVar
 
 from dateutil import parser as date_parser
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.config import JsonDict
 
 from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.dates import annotate_relative_dates
 from hybridmem_local.errors import ConfigError, LLMError
-from hybridmem_local.lexical import tokenize
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import PromptTemplate, load_prompt
 from hybridmem_local.provenance import Aligner, AlignmentSettings, Embed, memory_text
@@ -65,6 +66,7 @@ from hybridmem_local.schema import (
     Turn,
     clean_cited_id,
 )
+from hybridmem_local.tokens import tokenize
 from hybridmem_local.usage import LLMUsage
 
 log = logging.getLogger(__name__)
@@ -83,10 +85,10 @@ MIN_TURN_BUDGET_TOKENS = 64
 # window. String lengths and list sizes are capped because small models loop inside a string,
 # or repeat list items, until max_new_tokens; the caps are generous for real memories (the
 # grammar engines, llguidance in-process and vLLM's, build nothing that grows with them).
-_ISO_DATE = {"pattern": r"^\d{4}(-\d{2}(-\d{2})?)?$"}
+_ISO_DATE: JsonDict = {"pattern": r"^\d{4}(-\d{2}(-\d{2})?)?$"}
 #: A memory cites a few turns; 40 characters fit LoCoMo ("D12:7") and LongMemEval
 #: ("answer_4be1b6b4_2:13") ids, and a longer one is dropped like any unknown id.
-_TURN_IDS = {"maxItems": 6, "items": {"type": "string", "maxLength": 40}}
+_TURN_IDS: JsonDict = {"maxItems": 6, "items": {"type": "string", "maxLength": 40}}
 _WORD = re.compile(r"[^\W_]+")
 #: A text of this many words or more that is mostly one phrase over and over is a decoding
 #: loop, not a memory (real details of ~100 words keep well over half their words distinct).
@@ -95,7 +97,7 @@ _ISO_DATE_IN_TEXT = re.compile(r"(?<!\d)(\d{4})-(\d{2})(?:-(\d{2}))?(?!\d)")
 _YEAR = re.compile(r"^\s*(\d{4})\s*$")
 
 
-def _text(max_chars: int):
+def _text(max_chars: int) -> Any:  # what Field() returns: typed Any so it can default any attribute
     return Field(min_length=1, json_schema_extra={"maxLength": max_chars})
 
 
@@ -195,8 +197,9 @@ def normalise_timestamp(value: str, session_date: date) -> str | None:
     go through dateutil, with the session date filling what the value leaves out.
     """
     iso, year_only = _ISO_DATE_IN_TEXT.search(value), _YEAR.match(value)
-    if iso or year_only:
-        year, month, day = iso.groups() if iso else (year_only.group(1), None, None)
+    parts = iso.groups() if iso else (year_only.group(1), None, None) if year_only else None
+    if parts is not None:
+        year, month, day = parts
         try:
             date(int(year), int(month or 1), int(day or 1))
         except ValueError:
@@ -392,6 +395,16 @@ def format_session_date(moment: datetime) -> str:
 # --------------------------------------------------------------------------- curator
 
 
+_DraftT = TypeVar("_DraftT", EpisodeDraft, TupleDraft)
+
+
+def _aligned(memory: _DraftT, turns_of: dict[int, list[str]]) -> _DraftT:
+    """``memory`` with the turns it was aligned to (``turns_of``, by object id), when it was."""
+    if id(memory) not in turns_of:
+        return memory
+    return memory.model_copy(update={"source_turn_ids": turns_of[id(memory)], "provenance": "aligned"})
+
+
 class Curator:
     """Curates sessions with any :class:`StructuredLLM`; see the module docstring."""
 
@@ -548,15 +561,13 @@ class Curator:
         """Give every memory left without a valid cited id the turns of ``window`` it matches best."""
         if self.aligner is None:
             return checked
-        bare = [m for m in (*checked.episodes, *checked.tuples) if not m.source_turn_ids]
+        memories: list[EpisodeDraft | TupleDraft] = [*checked.episodes, *checked.tuples]
+        bare = [m for m in memories if not m.source_turn_ids]
         found = self.aligner.align_all([memory_text(m) for m in bare], window.turns)
-        aligned = {
-            id(m): m.model_copy(update={"source_turn_ids": ids, "provenance": "aligned"})
-            for m, ids in zip(bare, found, strict=True)
-        }
-        checked.episodes = [aligned.get(id(m), m) for m in checked.episodes]
-        checked.tuples = [aligned.get(id(m), m) for m in checked.tuples]
-        checked.aligned = len(aligned)
+        turns_of = {id(m): ids for m, ids in zip(bare, found, strict=True)}
+        checked.episodes = [_aligned(m, turns_of) for m in checked.episodes]
+        checked.tuples = [_aligned(m, turns_of) for m in checked.tuples]
+        checked.aligned = len(turns_of)
         return checked
 
     def _generate(self, windows: list[Window]) -> list[LLMResult]:

@@ -78,13 +78,17 @@ def kind_of(memory: Draft) -> MemoryKind:
     return "episode" if isinstance(memory, EpisodeDraft) else "tuple"
 
 
+#: Where a planned memory is: ("new", index into ``DuplicatePlan.new``) or ("existing", memory id).
+Slot = tuple[Literal["new", "existing"], int]
+
+
 class Repeat(BaseModel):
     """A new memory that is not stored: the row it repeats gains its source turns."""
 
     model_config = ConfigDict(extra="forbid")
 
-    #: Where the repeated memory is: ("new", index into ``DuplicatePlan.new``) or ("existing", memory id).
-    of: tuple[Literal["new", "existing"], int]
+    #: Where the repeated memory is.
+    of: Slot
     turn_ids: list[str]
     provenance: Provenance | None
     #: Why it is a repeat (the history event's reason).
@@ -97,8 +101,8 @@ class DuplicatePlan:
 
     #: Memories to insert.
     new: list[Draft] = field(default_factory=list)
-    #: Per input memory: ("new", index into ``new``) or ("existing", memory id).
-    slots: list[tuple[Literal["new", "existing"], int]] = field(default_factory=list)
+    #: Per input memory, where it is.
+    slots: list[Slot] = field(default_factory=list)
     repeats: list[Repeat] = field(default_factory=list)
 
 
@@ -149,7 +153,7 @@ def _in_batch(
     key: str,
     threshold: float,
     same_session: bool,
-) -> tuple[tuple[Literal["new"], int], str] | None:
+) -> tuple[Slot, str] | None:
     best: tuple[float, int, str] | None = None
     for index, (other, other_vector) in enumerate(zip(new, new_vectors, strict=True)):
         if kind_of(other) != kind_of(memory) or not (same_session or other.timestamp == memory.timestamp):
@@ -167,7 +171,7 @@ def _in_store(
     vector: np.ndarray,
     key: str,
     threshold: float,
-) -> tuple[tuple[Literal["existing"], int], str] | None:
+) -> tuple[Slot, str] | None:
     if not stored:
         return None
     cosines = vectors_of([m.index_text() for m in stored]) @ vector
@@ -175,7 +179,7 @@ def _in_store(
     best = max(range(len(stored)), key=lambda i: scored[i][0])
     if scored[best][0] < threshold:
         return None
-    return ("existing", stored[best].id), f"repeats memory {stored[best].id} ({scored[best][1]})"
+    return ("existing", stored[best].stored_id), f"repeats memory {stored[best].stored_id} ({scored[best][1]})"
 
 
 def fold_repeats(store: MemoryStore, plan: DuplicatePlan, new_ids: Sequence[int]) -> list[int]:

@@ -15,7 +15,7 @@ from hybridmem_local.offline import enforce_offline, offline_status
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from hybridmem_local.config import Config, LLMConfig
+    from hybridmem_local.config import Config, EmbedderConfig, LLMConfig
 
 
 def _import_check(module: str) -> dict[str, Any]:
@@ -117,6 +117,21 @@ def _model_check(role: str, name: str, explicit_path: Path | None, hash_files: b
     return {**row, "verified": report.verified, "status": status, "error": error}
 
 
+def _embedder_check(embedder: EmbedderConfig, hash_files: bool) -> dict[str, Any]:
+    if embedder.backend == "hashing":
+        return {
+            "role": "embedder",
+            "name": f"hashing, {embedder.dimension}-d",
+            "found": None,
+            "path": None,
+            "source": embedder.backend,
+            "verified": None,
+            "status": "no model file (feature hashing: no semantic recall)",
+            "error": None,
+        }
+    return _model_check("embedder", embedder.model, embedder.path, hash_files)
+
+
 def _llm_check(role: str, llm: LLMConfig, hash_files: bool) -> dict[str, Any]:
     if llm.backend == "vllm-offline":
         row = _model_check(role, llm.model, llm.path, hash_files)
@@ -181,7 +196,7 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
 
     # report the conditions the library runs under (and import the backends under them)
     enforce_offline()
-    models = [_model_check("embedder", config.embedder.model, config.embedder.path, verify)]
+    models = [_embedder_check(config.embedder, verify)]
     models.append(_llm_check("llm", config.llm, verify))
     if config.judge is not None:
         models.append(_llm_check("judge", config.judge, verify))
@@ -199,7 +214,7 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
     needed = {"llamacpp": "llama_cpp", "vllm-offline": "vllm"}
     for llm in [config.llm, config.judge]:
         module = needed.get(llm.backend) if llm is not None else None
-        if module and not backends[module]["importable"]:
+        if llm is not None and module and not backends[module]["importable"]:
             problems.append(f"llm backend {llm.backend!r} needs {module}: {backends[module]['error']}")
     if config.consolidation.backend == "gpu" and not (
         backends["cuml"]["importable"] and backends["torch"]["cuda_available"]
@@ -232,7 +247,7 @@ def _config_settings(config: Config) -> dict[str, str]:
     from hybridmem_local.clustering import cuml_usable
 
     llm, retrieval, consolidation = config.llm, config.retrieval, config.consolidation
-    clusterer = consolidation.backend
+    clusterer: str = consolidation.backend
     if clusterer == "auto":
         usable, why = cuml_usable()
         clusterer = f"auto → {'gpu (cuML)' if usable else 'cpu'}: {why}"
@@ -258,7 +273,9 @@ def _config_settings(config: Config) -> dict[str, str]:
         "judge": "the llm above"
         if config.judge is None
         else f"{config.judge.backend}: {config.judge.path or config.judge.model}",
-        "embedder": f"{config.embedder.path or config.embedder.model} on {config.embedder.device}",
+        "embedder": f"hashing, {config.embedder.dimension}-d"
+        if config.embedder.backend == "hashing"
+        else f"{config.embedder.path or config.embedder.model} on {config.embedder.device}",
         "retrieval": f"{retrieval.mode}, k {retrieval.k} episodes + {retrieval.tuple_multiplier * retrieval.k} tuples, "
         f"sources {', '.join(retrieval.sources)}"
         + (f", budget {retrieval.context_budget} tokens" if retrieval.context_budget else ""),

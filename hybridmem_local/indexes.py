@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 #: What an index holds: one of the memory stores, or the raw-turn evidence windows.
 SourceKind = Literal["episode", "tuple", "window"]
 MEMORY_KINDS: tuple[MemoryKind, ...] = ("episode", "tuple")
+SOURCE_KINDS: tuple[SourceKind, ...] = (*MEMORY_KINDS, WINDOW_KIND)
 
 #: Changing what ``lexical.memory_text`` returns must change this, so old BM25 indexes rebuild.
 MEMORY_RECIPE = "memory-v1: episode title+summary+details; tuple render()"
@@ -127,19 +128,19 @@ class StoreIndexes:
             windows = self._window_set(namespace)
             # The manifest's model id also names the window shape: vectors of other windows are rebuilt.
             model_id = f"{embedder.model_id}|{windows.recipe}"
-            index = self._dense.get(key)
-            if index is None or index.model_id != model_id:
-                index = self._dense[key] = VectorIndex(
+            window_index = self._dense.get(key)
+            if window_index is None or window_index.model_id != model_id:
+                window_index = self._dense[key] = VectorIndex(
                     self.directory(namespace), kind, model_id, embedder.dimension, self.config.index
                 )
                 self._synced_at.pop(("dense", *key), None)
             self._catch_up(
                 ("dense", *key),
-                index,
-                lambda: index.sync(windows.ids(), lambda ids: self.embed(namespace, windows.texts(ids))),
+                window_index,
+                lambda: window_index.sync(windows.ids(), lambda ids: self.embed(namespace, windows.texts(ids))),
                 before=lambda: self._refresh_windows(namespace),
             )
-            return index
+            return window_index
         index = self._dense.get(key)
         if index is None:
             index = self._dense[key] = VectorIndex(
@@ -159,17 +160,17 @@ class StoreIndexes:
         key = (namespace, kind)
         if kind == WINDOW_KIND:
             windows = self._window_set(namespace)
-            index = self._lexical.get(key)
-            if index is None or index.recipe != windows.recipe:
-                index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, windows.recipe)
+            window_index = self._lexical.get(key)
+            if window_index is None or window_index.recipe != windows.recipe:
+                window_index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, windows.recipe)
                 self._synced_at.pop(("lexical", *key), None)
             self._catch_up(
                 ("lexical", *key),
-                index,
-                lambda: index.sync(windows.ids(), windows.texts),
+                window_index,
+                lambda: window_index.sync(windows.ids(), windows.texts),
                 before=lambda: self._refresh_windows(namespace),
             )
-            return index
+            return window_index
         index = self._lexical.get(key)
         if index is None:
             index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, MEMORY_RECIPE)
@@ -211,7 +212,7 @@ class StoreIndexes:
         key: tuple[str, str, SourceKind],
         index: VectorIndex | LexicalIndex,
         sync: Callable[[], SyncReport],
-        before: Callable[[], None] | None = None,
+        before: Callable[[], object] | None = None,
     ) -> None:
         # Read before syncing: a commit landing during the sync moves the marker again, so the
         # next use catches up once more instead of missing it.
@@ -238,14 +239,15 @@ class StoreIndexes:
 
     def flush(self) -> None:
         """Persist every changed index (they are a cache: losing them only costs a rebuild)."""
-        for index in [*self._dense.values(), *self._lexical.values()]:
+        indexes: list[VectorIndex | LexicalIndex] = [*self._dense.values(), *self._lexical.values()]
+        for index in indexes:
             index.save()
 
     def rebuild(self, namespace: str) -> dict[str, SyncReport]:
         """Throw the namespace's index files away and build its memories' vector indexes again
         from the store (BM25 and window indexes are built again on their next use)."""
         self.drop(namespace)
-        reports = {}
+        reports: dict[str, SyncReport] = {}
         embedder = self._embedder()
         for kind in MEMORY_KINDS:
             index = self._dense[(namespace, kind)] = VectorIndex(
@@ -266,7 +268,7 @@ class StoreIndexes:
         for key in [k for k in self._synced_at if k[1] == namespace]:
             del self._synced_at[key]
         directory = self.directory(namespace)
-        for kind in (*MEMORY_KINDS, WINDOW_KIND):
+        for kind in SOURCE_KINDS:
             dense = self._dense.pop((namespace, kind), None) or VectorIndex(directory, kind, "", 0, self.config.index)
             lexical = self._lexical.pop((namespace, kind), None) or LexicalIndex(directory, kind)
             dense.delete_files()

@@ -88,7 +88,10 @@ def read_export(
                 if namespace is not None:
                     record["namespace"] = namespace
                 cls = Episode if record.get("kind") == "episode" else RelationalTuple
-                memories.append(cls.model_validate(record))
+                memory = cls.model_validate(record)
+                if memory.id is None:  # superseded_by and the events refer to memories by id
+                    raise InputFileError(f"{path}: line {number}: a memory record needs its 'id'")
+                memories.append(memory)
             else:
                 raise InputFileError(
                     f"{path}: line {number}: unknown record type {kind!r} (expected session or memory)"
@@ -225,10 +228,12 @@ class LocomoReader:
         conversation = raw.get("conversation")
         if not isinstance(conversation, dict):
             raise self.error(where, "field 'conversation': missing or not an object")
-        speakers = [conversation.get(key) for key in ("speaker_a", "speaker_b")]
-        for key, speaker in zip(("speaker_a", "speaker_b"), speakers, strict=True):
+        speakers: list[str] = []
+        for key in ("speaker_a", "speaker_b"):
+            speaker = conversation.get(key)
             if not isinstance(speaker, str) or not speaker:
                 raise self.error(where, f"field 'conversation.{key}': missing or not a non-empty string")
+            speakers.append(speaker)
         sessions = self.sessions(where, sample_id, namespace, conversation)
         return raw, LocomoSample(sample_id, namespace, speakers[0], speakers[1], sessions, where)
 
@@ -316,7 +321,7 @@ def read_locomo_sessions(
         if unknown:
             raise InputFileError(f"{path}: no conversation {sorted(unknown)} (has {[s.sample_id for s in selected]})")
         selected = [s for s in selected if s.sample_id in conversations]
-    sessions = []
+    sessions: list[Session] = []
     for sample in selected:
         target = (
             sample.namespace

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,21 +39,9 @@ from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.files import GenerationFiles
 from hybridmem_local.index import SyncReport
 from hybridmem_local.schema import Episode, RelationalTuple
-
-# bm25s (which pulls in numba and scipy, 1-3 s) and PyStemmer are imported on first lexical
-# use, not with the package.
+from hybridmem_local.tokens import TOKENIZER, tokenize
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def _bm25s():
-    """Import bm25s on first use; it sets its own logger to DEBUG, which would print on every build.
-    Once: ``setLevel`` clears every logger's cache, ~0.6 ms a call with transformers loaded."""
-    import bm25s
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
-    return bm25s
 
 
 #: Bumped when the on-disk layout changes; older indexes are then rebuilt.
@@ -62,34 +49,9 @@ FORMAT = 2
 #: BM25 parameters (bm25s's defaults, Lucene variant).
 K1 = 1.5
 B = 0.75
-STEMMER_LANGUAGE = "english"
-STOPWORDS = "en"
-#: Names the tokenizer in manifests, so an index built another way is rebuilt, not misread.
-TOKENIZER = f"bm25s-{STOPWORDS}-stopwords+pystemmer-{STEMMER_LANGUAGE}"
 
 #: Returns the text of each id, in order.
 TextSource = Callable[[np.ndarray], Sequence[str]]
-
-
-_per_thread = threading.local()
-
-
-def _stemmer():
-    """This thread's stemmer: a Snowball stemmer keeps state between calls, and queries are
-    tokenized on retrieval's ranking threads."""
-    stemmer = getattr(_per_thread, "stemmer", None)
-    if stemmer is None:
-        import Stemmer
-
-        stemmer = _per_thread.stemmer = Stemmer.Stemmer(STEMMER_LANGUAGE)
-    return stemmer
-
-
-def tokenize(texts: Sequence[str]) -> list[list[str]]:
-    """Lower-cased word tokens, English stopwords removed, Snowball-stemmed."""
-    bm25s = _bm25s()
-
-    return bm25s.tokenize(list(texts), stopwords=STOPWORDS, stemmer=_stemmer(), return_ids=False, show_progress=False)
 
 
 @functools.lru_cache(maxsize=64)
@@ -247,21 +209,21 @@ class LexicalIndex:
 
     def add(self, ids: np.ndarray, texts: Sequence[str]) -> None:
         """Add documents (a document already present is replaced)."""
-        ids = [int(i) for i in np.asarray(ids, dtype=np.int64)]
-        if len(ids) != len(texts):
-            raise InvalidInputError(f"{self.kind} lexical index: {len(ids)} ids for {len(texts)} texts")
-        self.remove([i for i in ids if i in self._slot_of])
+        doc_ids = [int(i) for i in np.asarray(ids, dtype=np.int64)]
+        if len(doc_ids) != len(texts):
+            raise InvalidInputError(f"{self.kind} lexical index: {len(doc_ids)} ids for {len(texts)} texts")
+        self.remove([i for i in doc_ids if i in self._slot_of])
         new_postings: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for doc_id, tokens in zip(ids, tokenize(texts) if ids else [], strict=True):
+        for doc_id, tokens in zip(doc_ids, tokenize(texts) if doc_ids else [], strict=True):
             slot = len(self._labels)
             self._labels.append(doc_id)
             self._lengths.append(len(tokens))
             self._total_length += len(tokens)
             self._slot_of[doc_id] = slot
-            counts = Counter(tokens)
-            term_ids = [self._vocab.setdefault(term, len(self._vocab)) for term in counts]
-            self._doc_terms[slot] = (term_ids, list(counts.values()))
-            for term_id, count in zip(term_ids, counts.values(), strict=True):
+            term_counts = Counter(tokens)
+            term_ids = [self._vocab.setdefault(term, len(self._vocab)) for term in term_counts]
+            self._doc_terms[slot] = (term_ids, list(term_counts.values()))
+            for term_id, count in zip(term_ids, term_counts.values(), strict=True):
                 new_postings[term_id].append((slot, count))
         for term_id, pairs in new_postings.items():
             slots = np.array([p[0] for p in pairs], dtype=np.int64)
@@ -270,7 +232,7 @@ class LexicalIndex:
                 old_slots, old_counts = self._postings[term_id]
                 slots, counts = np.concatenate([old_slots, slots]), np.concatenate([old_counts, counts])
             self._postings[term_id] = (slots, counts)
-        self._dirty = self._dirty or bool(ids)
+        self._dirty = self._dirty or bool(doc_ids)
         self._scoring = None
 
     def remove(self, ids: Sequence[int]) -> None:

@@ -14,6 +14,7 @@ applied here, on the store.
 
 from __future__ import annotations
 
+import builtins  # annotations after the method `list` below name the builtin as builtins.list
 import json
 import logging
 import time
@@ -846,7 +847,7 @@ class HybridMemory:
             raise InvalidInputError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
         return self.store.list_memories(namespace, kind, status, limit=limit, offset=offset)
 
-    def history(self, memory_id: int, *, namespace: str | None = None) -> list[Event]:
+    def history(self, memory_id: int, *, namespace: str | None = None) -> builtins.list[Event]:
         """Every change of a memory, oldest first (``namespace`` as in ``get``)."""
         self.get(memory_id, namespace=namespace)  # a clear NotFoundError for an unknown id
         return self.store.history(memory_id)
@@ -872,7 +873,7 @@ class HybridMemory:
         self.store.record_export(namespace, path)
         return len(records)
 
-    def export_records(self, namespace: str) -> list[str]:
+    def export_records(self, namespace: str) -> builtins.list[str]:
         """The export's JSONL lines, each ending in a newline: sessions, then memories of any status."""
         check_namespace(namespace)
         if namespace not in self.store.namespaces():
@@ -899,14 +900,14 @@ class HybridMemory:
                 self.store.insert_session(record.session, curation_status=record.curation_status)
             for memory in memories:
                 (new_id,) = self.store.insert_memories(memory.namespace, [memory], action="import")
-                old_to_new[memory.id] = new_id
+                old_to_new[memory.stored_id] = new_id
             for memory in memories:
                 if memory.status != MemoryStatus.active:
                     self.store.set_status(
-                        old_to_new[memory.id],
+                        old_to_new[memory.stored_id],
                         memory.status,
                         reason="imported",
-                        superseded_by=old_to_new.get(memory.superseded_by),
+                        superseded_by=None if memory.superseded_by is None else old_to_new.get(memory.superseded_by),
                         action="import",
                     )
             for ns in target:

@@ -461,22 +461,27 @@ def check_files(entry: ModelEntry, directory: Path, hash_files: bool = True) -> 
     """Compare each manifest file under ``directory`` with its pinned size and sha256."""
     checks = []
     for spec in entry.files:
-        expected = {"expected_sha256": spec.sha256, "expected_size": spec.size}
         file = directory / spec.path
         if not file.is_file():
-            checks.append(FileCheck(path=spec.path, status="missing", **expected))
+            checks.append(_file_check(spec, "missing"))
             continue
         size = file.stat().st_size
         if spec.size is not None and size != spec.size:
-            checks.append(FileCheck(path=spec.path, status="size-mismatch", size=size, **expected))
+            checks.append(_file_check(spec, "size-mismatch", size=size))
             continue
         if not hash_files:
-            checks.append(FileCheck(path=spec.path, status="unhashed", size=size, **expected))
+            checks.append(_file_check(spec, "unhashed", size=size))
             continue
         digest = sha256_file(file)
         status: FileStatus = "unpinned" if spec.sha256 is None else "ok" if digest == spec.sha256 else "sha256-mismatch"
-        checks.append(FileCheck(path=spec.path, status=status, sha256=digest, size=size, **expected))
+        checks.append(_file_check(spec, status, size=size, sha256=digest))
     return checks
+
+
+def _file_check(spec: ModelFile, status: FileStatus, size: int | None = None, sha256: str | None = None) -> FileCheck:
+    return FileCheck(
+        path=spec.path, status=status, expected_sha256=spec.sha256, expected_size=spec.size, sha256=sha256, size=size
+    )
 
 
 def describe_check(check: FileCheck) -> str:
@@ -909,9 +914,9 @@ def bundle(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
-    mode = "w:gz" if out.name.endswith((".tar.gz", ".tgz")) else "w"
+    compress = out.name.endswith((".tar.gz", ".tgz"))
     total = 0
-    with tarfile.open(partial, mode) as tar:
+    with tarfile.open(partial, "w:gz" if compress else "w") as tar:
         _add_bytes(tar, BUNDLE_MANIFEST, yaml.safe_dump(bundled_manifest, sort_keys=False).encode())
         _add_bytes(tar, BUNDLE_CHECKSUMS, sums.encode())
         for report in reports:

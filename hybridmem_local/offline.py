@@ -39,8 +39,9 @@ def enforce_offline(allow_network: bool = False) -> dict[str, str]:
     if allow_network:
         return {}
     os.environ.update(OFFLINE_ENV)
-    hub_constants = sys.modules.get("huggingface_hub.constants")
-    if hub_constants is not None:
+    if "huggingface_hub.constants" in sys.modules:  # already imported: importing it again is free
+        from huggingface_hub import constants as hub_constants
+
         hub_constants.HF_HUB_OFFLINE = True
         hub_constants.HF_HUB_DISABLE_TELEMETRY = True
     return dict(OFFLINE_ENV)

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from hybridmem_local.lexical import tokenize
 from hybridmem_local.schema import EpisodeDraft, TupleDraft, Turn, turn_line
+from hybridmem_local.tokens import tokenize
 
 #: Embeds texts into L2-normalised rows (``Embedder.embed``).
 Embed = Callable[[Sequence[str]], np.ndarray]
@@ -46,6 +46,7 @@ class AlignmentSettings(BaseModel):
 
 def memory_text(memory: EpisodeDraft | TupleDraft) -> str:
     """What a memory is aligned by: an episode's title, summary and details; a tuple's fields."""
+    parts: tuple[str, ...]
     if isinstance(memory, EpisodeDraft):
         parts = (memory.title, memory.summary, memory.details)
     else:

@@ -64,8 +64,8 @@ def read_json_lines(path: Path, raw: bytes | None = None) -> Iterator[tuple[int,
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise InputFileError(f"{path}: line {line}: not valid UTF-8 (byte {exc.start})") from exc
+        bad_line = raw[: exc.start].count(b"\n") + 1
+        raise InputFileError(f"{path}: line {bad_line}: not valid UTF-8 (byte {exc.start})") from exc
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue

@@ -239,7 +239,7 @@ class Retriever:
         ``ranked``: the rankings by method already made at this depth."""
         config, depth = self.config, self._ranking_depth(limit)
         dense = lexical = []
-        if config.mode != "lexical":
+        if vector is not None:  # None in lexical mode
             dense = ranked["dense"] if "dense" in ranked else self.indexes.dense(namespace, kind).search(vector, depth)
         if config.mode != "dense":
             lexical = (

@@ -263,6 +263,13 @@ class _StoredMemory(StrictModel):
 
     _check_namespace = field_validator("namespace")(classmethod(lambda cls, v: check_namespace(v)))
 
+    @property
+    def stored_id(self) -> int:
+        """The id of a memory read from the store (``id`` is None only before it is inserted)."""
+        if self.id is None:
+            raise InvalidInputError("this memory is not stored yet (it has no id)")
+        return self.id
+
 
 class Episode(_StoredMemory, EpisodeDraft):
     kind: Literal["episode"] = "episode"

@@ -395,19 +395,21 @@ class MemoryStore:
                     f"session {session.session_id!r}: turn ids already used by another session of namespace "
                     f"{session.namespace!r}: {sorted(clash)[:5]}"
                 )
-            pk = c.execute(
-                "INSERT INTO sessions (namespace, session_id, started_at, created_at, curation_status, prompt_version, "
-                "curation_error) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    session.namespace,
-                    session.session_id,
-                    session.started_at.isoformat(),
-                    utcnow().isoformat(),
-                    curation_status,
-                    prompt_version,
-                    curation_error,
-                ),
-            ).lastrowid
+            pk = _inserted_id(
+                c.execute(
+                    "INSERT INTO sessions (namespace, session_id, started_at, created_at, curation_status, "
+                    "prompt_version, curation_error) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        session.namespace,
+                        session.session_id,
+                        session.started_at.isoformat(),
+                        utcnow().isoformat(),
+                        curation_status,
+                        prompt_version,
+                        curation_error,
+                    ),
+                )
+            )
             c.executemany(
                 "INSERT INTO turns (session_pk, namespace, position, turn_id, speaker, text, image_caption) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -477,7 +479,8 @@ class MemoryStore:
     def iter_sessions(
         self, namespace: str | None = None, curation_status: str | None = None
     ) -> Iterator[SessionRecord]:
-        sql, args = "SELECT * FROM sessions WHERE 1=1", []
+        sql = "SELECT * FROM sessions WHERE 1=1"
+        args: list[str] = []
         if namespace is not None:
             sql, args = sql + " AND namespace = ?", [*args, namespace]
         if curation_status is not None:
@@ -491,7 +494,8 @@ class MemoryStore:
         """Sessions with one of ``statuses``, oldest first (arrival order), of every namespace
         unless one is named; at most ``limit`` of them."""
         marks = ",".join("?" * len(statuses))
-        sql, args = f"SELECT * FROM sessions WHERE curation_status IN ({marks})", list(statuses)
+        sql = f"SELECT * FROM sessions WHERE curation_status IN ({marks})"
+        args: list[str | int] = list(statuses)
         if namespace is not None:
             sql, args = sql + " AND namespace = ?", [*args, namespace]
         sql += " ORDER BY id"
@@ -568,14 +572,16 @@ class MemoryStore:
             for memory in memories:
                 data = _memory_columns(memory)
                 session_id = getattr(memory, "source_session_id", None) or source_session_id
-                memory_id = c.execute(
-                    "INSERT INTO memories (namespace, kind, title, summary, details, entity, relation, object, "
-                    "context, "
-                    "timestamp, source_session_id, source_turn_ids, provenance, created_at) "
-                    "VALUES (:namespace, :kind, :title, :summary, :details, :entity, :relation, :object, :context, "
-                    ":timestamp, :source_session_id, :source_turn_ids, :provenance, :created_at)",
-                    {**data, "namespace": namespace, "source_session_id": session_id, "created_at": now},
-                ).lastrowid
+                memory_id = _inserted_id(
+                    c.execute(
+                        "INSERT INTO memories (namespace, kind, title, summary, details, entity, relation, object, "
+                        "context, "
+                        "timestamp, source_session_id, source_turn_ids, provenance, created_at) "
+                        "VALUES (:namespace, :kind, :title, :summary, :details, :entity, :relation, :object, :context, "
+                        ":timestamp, :source_session_id, :source_turn_ids, :provenance, :created_at)",
+                        {**data, "namespace": namespace, "source_session_id": session_id, "created_at": now},
+                    )
+                )
                 ids.append(memory_id)
                 self._event(namespace, action, memory_id, run_id, before, self._memory_json(memory_id), None)
         return ids
@@ -692,7 +698,8 @@ class MemoryStore:
         offset: int = 0,
     ) -> list[Episode | RelationalTuple]:
         """Memories in id order; ``limit``/``offset`` page through them (ids never move, so pages are stable)."""
-        sql, args = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = ?", [namespace]
+        sql = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = ?"
+        args: list[str | int] = [namespace]
         if kind is not None:
             sql, args = sql + " AND kind = ?", [*args, kind]
         if status is not None:
@@ -813,11 +820,13 @@ class MemoryStore:
 
     def start_consolidation_run(self, namespace: str, backend: str, params: dict[str, Any]) -> int:
         """A new run row, status 'applied' (it commits with the changes it makes)."""
-        return self.conn.execute(
-            "INSERT INTO consolidation_runs (namespace, started_at, status, backend, params) VALUES (?, ?, "
-            "'applied', ?, ?)",
-            (namespace, utcnow().isoformat(), backend, json.dumps(params)),
-        ).lastrowid
+        return _inserted_id(
+            self.conn.execute(
+                "INSERT INTO consolidation_runs (namespace, started_at, status, backend, params) VALUES (?, ?, "
+                "'applied', ?, ?)",
+                (namespace, utcnow().isoformat(), backend, json.dumps(params)),
+            )
+        )
 
     def finish_consolidation_run(self, run_id: int, namespace: str, report_json: str) -> None:
         """Store the run's report and restart the namespace's sessions-since-consolidation count."""
@@ -944,6 +953,13 @@ class MemoryStore:
             )
 
 
+def _inserted_id(cursor: sqlite3.Cursor) -> int:
+    """The rowid of the row an INSERT just wrote (sqlite3 types ``lastrowid`` optional)."""
+    if cursor.lastrowid is None:
+        raise StoreError("SQLite reported no rowid for an INSERT")
+    return cursor.lastrowid
+
+
 def _chunks(ids: Sequence[Any], size: int = 500) -> Iterator[list[Any]]:
     """SQLite limits the host parameters of one statement; ``IN (...)`` lists go in slices."""
     for start in range(0, len(ids), size):
@@ -954,7 +970,7 @@ def _split_sql(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
-def _memory_columns(memory: BaseModel) -> dict[str, Any]:
+def _memory_columns(memory: EpisodeDraft | TupleDraft) -> dict[str, Any]:
     kind = "episode" if isinstance(memory, EpisodeDraft) else "tuple"
     fields = ("title", "summary", "details", "entity", "relation", "object", "context")
     data = {f: getattr(memory, f, None) for f in fields}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Final
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.schema import EvidenceWindow, SearchResult, Turn
 from hybridmem_local.store import MemoryStore
 
-WINDOW_KIND = "window"
+WINDOW_KIND: Final = "window"
 
 
 def window_starts(n_turns: int, size: int, stride: int) -> list[int]:

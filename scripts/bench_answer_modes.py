@@ -32,6 +32,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+# scripts/ is not a package: the imports below (noqa: E402) need its path entry first.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_retrieval_budget import observation_facts  # noqa: E402

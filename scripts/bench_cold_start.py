@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+# scripts/ is not a package: the imports below (noqa: E402) need its path entry first.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_search import (  # noqa: E402
     DEFAULT_CACHE,

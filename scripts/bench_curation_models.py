@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+# scripts/ is not a package: the imports below (noqa: E402) need its path entry first.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_vllm_curation import DEFAULT_LOCOMO, PeakRSS  # noqa: E402  (scripts/ is not a package)

@@ -55,7 +55,8 @@ from pathlib import Path
 import httpx
 from rich.table import Table
 
-# The sibling bench_search.py (timing and store helpers) and the repository (tests/fake_vllm_server.py).
+# The sibling bench_search.py (timing and store helpers) and the repository (tests/fake_vllm_server.py),
+# put on the path before the imports below (noqa: E402).
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from bench_search import (  # noqa: E402
     DEFAULT_CACHE,

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+# scripts/ is not a package: the imports below (noqa: E402) need its path entry first.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_search import DEFAULT_LOCOMO, console, load_embedder, machine, set_threads, write_json  # noqa: E402
 

@@ -30,11 +30,17 @@ def module_names(package_dir: Path) -> dict[str, Path]:
 
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     """The package modules ``module`` imports."""
+    return set(import_lines(module, path, known))
+
+
+def import_lines(module: str, path: Path, known: set[str]) -> dict[str, int]:
+    """The package modules ``module`` imports → the line of its first import of each."""
     is_package = path.name == "__init__.py"
-    found: set[str] = set()
+    found: dict[str, int] = {}
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        names: list[str] = []
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -42,10 +48,17 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
                 anchor = anchor if is_package else anchor[:-1]
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            found.add(base)
-            # ``from pkg import module`` imports that module.
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return {_owner(name, known) for name in found if _owner(name, known)} - {module}
+            # ``from pkg import module`` imports that module, and pkg itself (its ``__init__``) only
+            # when it also takes a name defined there.
+            submodules = [f"{base}.{alias.name}" for alias in node.names]
+            names = [name for name in submodules if name in known]
+            if len(names) < len(submodules):
+                names.append(base)
+        for name in names:
+            owner = _owner(name, known)
+            if owner is not None and owner != module:
+                found[owner] = min(found.get(owner, node.lineno), node.lineno)
+    return found
 
 
 def _owner(name: str, known: set[str]) -> str | None:

@@ -1,12 +1,22 @@
-"""Shared fixtures: the real models (one loaded copy of each for the whole run), fresh stores,
-the LoCoMo dev file.
+"""Shared fixtures: the embedders and real models (one loaded copy of each for the whole run),
+fresh stores, the LoCoMo dev file.
+
+Two embedders: ``hashing_embedder`` (the ``hashing`` backend: feature hashing, no model file,
+nothing to load) for tests of plumbing — the store, indexes, the facade, every HTTP route and MCP
+tool — and ``minilm`` (the real default) for tests whose assertions depend on semantic
+similarity (retrieval quality, alignment, near-duplicates, clustering). ``memory`` is a facade
+on the first, ``minilm_memory`` one on the second. CLI commands and servers that open a store
+themselves use the hashing embedder through the ``hashing_cli`` fixture (``HYBRIDMEM_CONFIG``).
 
 Memory: every model the suite loads stays resident until the process ends (torch and
 llama.cpp do not give freed memory back to the system), so each model is loaded once per
 session here and shared: the MiniLM embedder (also by every ``HybridMemory`` a test or a CLI
 command opens without one) and SmolLM2 through llama.cpp. ``HYBRIDMEM_TEST_RSS=FILE`` records
-each test's resident memory. ``slow`` marks the tests that load
-a real model or run numba/llama.cpp work; ``pytest -m "not slow"`` is the fast loop.
+each test's resident memory. ``slow`` marks the tests that load a real model or run
+numba/llama.cpp work; ``pytest -m "not slow"`` is the fast loop. A test that uses a model
+fixture is marked at collection; one that loads a model another way is stopped unless it is
+marked itself (``_require_slow``); a test that starts a process loading a model must be marked
+by hand (nothing here sees into the child).
 """
 
 from __future__ import annotations
@@ -51,7 +61,10 @@ def _require_slow(what: str) -> None:
     """A test that loads a real model some other way (a store opened without an embedder) must
     be marked ``slow`` itself, or the fast loop would load it."""
     if _running and _running[0].get_closest_marker("slow") is None:
-        pytest.fail(f"{_running[0].nodeid} loads {what}: mark it @pytest.mark.slow (or use the minilm fixture)")
+        pytest.fail(
+            f"{_running[0].nodeid} loads {what}: mark it @pytest.mark.slow, use the minilm fixture, or, if "
+            "it tests plumbing, the hashing_embedder (hashing_cli for the CLI)"
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -79,6 +92,30 @@ def one_embedder_per_model():
     yield loaded
     embedding.EMBEDDER_BACKENDS["sentence-transformers"] = build
     loaded.clear()
+
+
+@pytest.fixture(scope="session")
+def hashing_embedder():
+    """The ``hashing`` embedder backend (deterministic, no model file): for plumbing tests."""
+    from hybridmem_local.config import EmbedderConfig
+    from hybridmem_local.embedding import build_embedder
+
+    return build_embedder(EmbedderConfig(backend="hashing"))
+
+
+#: The config that points a store at the hashing embedder, as YAML.
+HASHING_CONFIG = "embedder:\n  backend: hashing\n"
+
+
+@pytest.fixture
+def hashing_cli(tmp_path_factory, monkeypatch) -> Path:
+    """CLI commands run in this test without ``--config`` open their stores with the hashing
+    embedder: the config file is named by ``HYBRIDMEM_CONFIG`` (returned, for a test that
+    writes a config of its own on top of it)."""
+    path = tmp_path_factory.mktemp("hashing") / "config.yaml"
+    path.write_text(HASHING_CONFIG, encoding="utf-8")
+    monkeypatch.setenv("HYBRIDMEM_CONFIG", str(path))
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -124,7 +161,17 @@ def default_llm():
 
 
 @pytest.fixture
-def memory(tmp_path, minilm):
+def memory(tmp_path, hashing_embedder):
+    """A fresh facade on the hashing embedder: for tests of what it stores and how, not of what ranks first."""
+    from hybridmem_local.memory import HybridMemory
+
+    with HybridMemory.open(tmp_path / "memory.db", embedder=hashing_embedder) as mem:
+        yield mem
+
+
+@pytest.fixture
+def minilm_memory(tmp_path, minilm):
+    """A fresh facade on MiniLM: for tests whose assertions depend on semantic similarity."""
     from hybridmem_local.memory import HybridMemory
 
     with HybridMemory.open(tmp_path / "memory.db", embedder=minilm) as mem:

@@ -119,6 +119,7 @@ def block_egress() -> Iterator[EgressGuard]:
             guard.block("socket.getaddrinfo", host, port)
         return real_getaddrinfo(host, port, *args, **kwargs)
 
+    # Patching the class is the point: every socket, whoever made it, goes through the guard.
     socket.socket.connect = connect  # type: ignore[method-assign]
     socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
     socket.socket.sendto = sendto  # type: ignore[method-assign]

@@ -1,6 +1,6 @@
 """The CLI is the API with flags: the record verbs (add, get, list, update, delete, history),
 ``--json`` beside tables, ``--set`` config overrides and ``-`` for standard input, run with
-typer's runner on a real store (SQLite, hnswlib, the shared MiniLM)."""
+typer's runner on a real store (SQLite, hnswlib, BM25, the hashing embedder)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hybridmem_local.cli import app
 from hybridmem_local.cli_common import parse_overrides
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
+from tests.conftest import HASHING_CONFIG
 
 SESSION = Session(
     session_id="s1",
@@ -44,10 +45,11 @@ def as_json(*args: str, input: str | None = None):
 
 
 @pytest.fixture
-def db(tmp_path, minilm):
-    """A store with one session of alice's, two episodes and a tuple citing its turns."""
+def db(tmp_path, hashing_embedder, hashing_cli):
+    """A store with one session of alice's, two episodes and a tuple citing its turns; the
+    commands open it with the same (hashing) embedder."""
     path = tmp_path / "memory.db"
-    with HybridMemory.open(path, embedder=minilm) as memory:
+    with HybridMemory.open(path, embedder=hashing_embedder) as memory:
         memory.add_memories(
             "alice",
             episodes=[
@@ -131,9 +133,17 @@ def test_set_overrides_the_config_of_any_command(db):
 def test_config_and_files_are_read_from_stdin(db, tmp_path):
     assert (
         len(
-            as_json("search", "Biscuit", "-n", "alice", "--config", "-", "--db", db, input="retrieval:\n  k: 1\n")[
-                "episodes"
-            ]
+            as_json(
+                "search",
+                "Biscuit",
+                "-n",
+                "alice",
+                "--config",
+                "-",
+                "--db",
+                db,
+                input=HASHING_CONFIG + "retrieval:\n  k: 1\n",
+            )["episodes"]
         )
         == 1
     )
@@ -148,6 +158,34 @@ def test_config_and_files_are_read_from_stdin(db, tmp_path):
     report = as_json("ingest", "-", "--no-curate", "--db", db, input=jsonl)
     assert (report["stored"], report["skipped"]) == (1, 0)
     assert as_json("stats", "-n", "bob", "--db", db)["counts"]["sessions"] == 1
+
+
+def test_search_shows_the_windows_of_raw_turns_in_a_table_of_their_own(db, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # rich wraps cells to the terminal's width
+    query = "How fast did Bob run the Riverside 10K?"
+    found = as_json("search", query, "-n", "alice", "--db", db)
+    assert found["tuples"] and found["windows"]
+    table = run("search", query, "-n", "alice", "--db", db).stdout
+    assert "memories" in table and "the Riverside 10K in 52 minutes (2023-05-07)" in table
+    assert "conversation windows" in table
+    for hit in found["windows"]:
+        window = hit["window"]
+        row = next(line for line in table.splitlines() if ",".join(t["turn_id"] for t in window["turns"]) in line)
+        first = window["turns"][0]
+        assert f"{hit['score']:.3f}" in row and "s1" in row and "2023-05-08 13:56" in row
+        assert f"{first['speaker']}: {first['text']}" in row
+    # A session stored without curation has no memories yet: its turns are the answer.
+    jsonl = another_session("s9", "carol").model_dump_json() + "\n"
+    run("ingest", "-", "--no-curate", "--db", db, input=jsonl)
+    raw = as_json("search", query, "-n", "carol", "--db", db)
+    assert raw["episodes"] == raw["tuples"] == [] and raw["windows"]
+    assert raw["windows"][0]["window"]["turns"][1]["text"] == "I ran the Riverside 10K in 52 minutes."
+    table = run("search", query, "-n", "carol", "--db", db).stdout
+    assert "memories" not in table and "conversation windows" in table
+    assert "Bob: I ran the Riverside 10K in 52 minutes." in table and "s9:0,s9:1,s9:2" in table
+    assert len([line for line in table.splitlines() if "s9:" in line]) == len(raw["windows"])
+    nothing = run("search", query, "-n", "nobody", "--db", db).stdout
+    assert "memories" in nothing and "conversation windows" not in nothing
 
 
 def test_add_queues_a_session_and_reports_what_it_stored(db):

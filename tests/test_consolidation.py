@@ -1,4 +1,5 @@
-"""Offline consolidation on a real store: MiniLM embeddings, SQLite, hnswlib.
+"""Offline consolidation on a real store: SQLite, hnswlib, the hashing embedder (MiniLM where
+the real clusterer groups near-duplicates by meaning).
 
 The LLM is the one thing that cannot run usefully here (SmolLM2-135M writes no sensible plan),
 so plans come from :class:`ScriptedLLM`: a real ``ChatBackend`` (validation, retries) whose
@@ -498,9 +499,9 @@ def test_a_plan_fixed_on_retry_is_applied_and_a_bad_group_does_not_block_others(
     assert report.stores["tuple"].memories_after == 3
 
 
-def test_clusters_that_do_not_fit_the_context_are_split(tmp_path, minilm):
+def test_clusters_that_do_not_fit_the_context_are_split(tmp_path, hashing_embedder):
     config = load_config(overrides={"llm.context_tokens": 700, "llm.max_new_tokens": 64})
-    with HybridMemory.open(tmp_path / "m.db", config=config, embedder=minilm) as memory:
+    with HybridMemory.open(tmp_path / "m.db", config=config, embedder=hashing_embedder) as memory:
         ids = memory.add_memories(
             NS, tuples=[make_tuple("Alice", "visited", f"museum number {i} in Rome", day=1 + i % 28) for i in range(40)]
         )
@@ -597,8 +598,8 @@ def _child(db: str, cache: str, clusters: str, model_id: str, dim: str) -> None:
 
 
 class CacheOnlyEmbedder:
-    """The child's embedder: every vector it needs was cached by real MiniLM in the parent, so
-    this proves the apply re-embeds nothing (and spares each child a 10 s model load)."""
+    """The child's embedder: every vector it needs was cached by the parent's embedder, so this
+    proves the apply re-embeds nothing."""
 
     def __init__(self, model_id: str, dimension: int):
         self.model_id, self.dimension = model_id, dimension
@@ -640,8 +641,9 @@ def _copy_db(source: Path, target: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_during_apply_leaves_the_store_before_or_after_never_between(memory, planted, tmp_path, minilm):
+def test_sigkill_during_apply_leaves_the_store_before_or_after_never_between(memory, planted, tmp_path):
     clusters = planted_clusters(planted)
+    embedder = memory.embedder
     cache = tmp_path / "llm_cache.sqlite"
     with CachedLLM(ScriptedLLM(good_plan), cache) as recorder:
         dry = memory.consolidate(NS, llm=recorder, clusters=clusters, dry_run=True)
@@ -658,7 +660,7 @@ def test_sigkill_during_apply_leaves_the_store_before_or_after_never_between(mem
     reference = tmp_path / "reference.db"
     _copy_db(pristine, reference)
     with (
-        HybridMemory.open(reference, embedder=CacheOnlyEmbedder(minilm.model_id, minilm.dimension)) as ref,
+        HybridMemory.open(reference, embedder=CacheOnlyEmbedder(embedder.model_id, embedder.dimension)) as ref,
         CachedLLM(RefusingLLM(), cache) as llm,
     ):
         ref.consolidate(NS, llm=llm, clusters=clusters)
@@ -685,8 +687,8 @@ def test_sigkill_during_apply_leaves_the_store_before_or_after_never_between(mem
                 str(db),
                 str(cache),
                 json.dumps(clusters),
-                minilm.model_id,
-                str(minilm.dimension),
+                embedder.model_id,
+                str(embedder.dimension),
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,

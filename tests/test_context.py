@@ -157,8 +157,7 @@ def test_the_fixed_selection_shows_every_memorys_turns(store):
     assert context.tokens is None
 
 
-@pytest.mark.slow
-def test_the_library_and_the_eval_systems_show_the_turns_when_the_config_says_so(tmp_path, minilm):
+def test_the_library_and_the_eval_systems_show_the_turns_when_the_config_says_so(tmp_path, hashing_embedder):
     from hybridmem_local.eval.systems import EvalConversation, EvalQuestion, HybridSystem, SystemSettings
     from hybridmem_local.memory import HybridMemory
 
@@ -169,7 +168,7 @@ def test_the_library_and_the_eval_systems_show_the_turns_when_the_config_says_so
         "retrieval.sources": ["episodes", "tuples"],
     }
     config = load_config(overrides=overrides)
-    with HybridMemory.open(tmp_path / "m.db", config, embedder=minilm) as memory:
+    with HybridMemory.open(tmp_path / "m.db", config, embedder=hashing_embedder) as memory:
         memory.ingest([SESSION], curate=False)
         memory.add_memories(
             "alice", episodes=[make_episode("Riverside 10K", "Bob finished the Riverside 10K in 52 minutes.", ["s1:2"])]
@@ -179,7 +178,9 @@ def test_the_library_and_the_eval_systems_show_the_turns_when_the_config_says_so
         memory.config.answering.evidence_turns = False
         assert memory.answer_search("How long did Bob's 10K take?", namespace="alice").source_turns == []
 
-        words = lambda text: len(text.split())  # noqa: E731
+        def words(text: str) -> int:
+            return len(text.split())
+
         question = EvalQuestion(
             question_id="q1", question="How long did Bob's 10K take?", gold="52 minutes", category="single-hop"
         )

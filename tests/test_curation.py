@@ -611,7 +611,7 @@ def test_the_demo_case_of_smollm2_gives_one_row_per_memory_with_aligned_turns(tm
         assert {m["provenance"] for m in exported} == {"aligned"}
 
 
-def test_a_memory_repeated_in_a_later_session_gains_its_turns_and_an_event(tmp_path, minilm):
+def test_a_memory_repeated_in_a_later_session_gains_its_turns_and_an_event(tmp_path, hashing_embedder):
     first, second = demo_sessions()[:2]
     said = {
         "title": "Biscuit",
@@ -628,7 +628,7 @@ def test_a_memory_repeated_in_a_later_session_gains_its_turns_and_an_event(tmp_p
         },
     }
     llm = ScriptedLLM(lambda request: json.dumps(replies[shown_turn_ids(request)[0].split(":")[0]]))
-    with HybridMemory.open(tmp_path / "m.db", embedder=minilm, llm=llm) as memory:
+    with HybridMemory.open(tmp_path / "m.db", embedder=hashing_embedder, llm=llm) as memory:
         memory.ingest([first])
         report = memory.ingest([second])
         (episode,) = memory.list("default")

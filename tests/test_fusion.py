@@ -100,7 +100,8 @@ def _fillers(n: int):
     ]
 
 
-def test_hybrid_ranks_lexical_only_and_dense_only_finds_above_unrelated(memory):
+def test_hybrid_ranks_lexical_only_and_dense_only_finds_above_unrelated(minilm_memory):
+    memory = minilm_memory
     # Only BM25 finds this one: it shares "shelter" and "spring" with the query, not its meaning.
     lexical_only = make_tuple("Checklist", "says", "spring cleaning: shelter the garden furniture")
     # Only the dense index finds this one: a paraphrase without a single query term.

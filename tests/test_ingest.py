@@ -97,3 +97,16 @@ def test_bad_file_leaves_earlier_data_intact(tmp_path):
         with pytest.raises(InputFileError):
             memory.ingest(read_sessions_jsonl(bad), curate=False)
         assert [r.session.session_id for r in memory.store.iter_sessions()] == ["s1"]
+
+
+def test_export_memory_record_without_id_is_rejected(tmp_path):
+    """Imports map ``superseded_by`` through the exported ids, so a memory without one cannot be placed."""
+    from hybridmem_local.ingest import read_export
+
+    record = {"type": "memory", "kind": "tuple", "entity": "A", "relation": "likes", "object": "tea"}
+    path = tmp_path / "export.jsonl"
+    path.write_text(json.dumps({**record, "timestamp": "2023-05-01"}) + "\n")
+    with pytest.raises(InputFileError, match=r"export.jsonl: line 1: a memory record needs its 'id'"):
+        read_export(path)
+    path.write_text(json.dumps({**record, "timestamp": "2023-05-01", "id": 7}) + "\n")
+    assert [m.stored_id for m in read_export(path)[1]] == [7]

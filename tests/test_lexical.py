@@ -10,9 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from hybridmem_local.lexical import LexicalIndex, LexicalManifest, memory_text, tokenize
+from hybridmem_local.lexical import LexicalIndex, LexicalManifest, memory_text
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Episode, MemoryStatus, RelationalTuple
+from hybridmem_local.tokens import tokenize
 from tests.factories import make_episode, make_tuple
 
 DOCS = {
@@ -188,8 +189,8 @@ def test_a_crashed_save_leaves_the_previous_index_usable(tmp_path):
 
 
 @pytest.fixture
-def lexical_memory(tmp_path, minilm):
-    with HybridMemory.open(tmp_path / "m.db", embedder=minilm) as mem:
+def lexical_memory(tmp_path, hashing_embedder):
+    with HybridMemory.open(tmp_path / "m.db", embedder=hashing_embedder) as mem:
         mem.config.retrieval.mode = "lexical"
         yield mem
 
@@ -216,20 +217,20 @@ def test_writes_are_caught_up_without_rebuilding_the_index(lexical_memory, monke
     assert mem.search("Rome", namespace="alice").tuples == []
 
 
-def test_another_writer_is_caught_up_and_saved_indexes_are_reused(tmp_path, minilm):
+def test_another_writer_is_caught_up_and_saved_indexes_are_reused(tmp_path, hashing_embedder):
     path = tmp_path / "m.db"
-    with HybridMemory.open(path, embedder=minilm) as reader:
+    with HybridMemory.open(path, embedder=hashing_embedder) as reader:
         reader.config.retrieval.mode = "lexical"
         reader.add_memories("alice", episodes=[make_episode("Bakery", "Alice opened a bakery in Lyon.")])
         assert len(reader.search("bakery", namespace="alice").episodes) == 1
-        with HybridMemory.open(path, embedder=minilm) as writer:
+        with HybridMemory.open(path, embedder=hashing_embedder) as writer:
             (new_id,) = writer.add_memories("alice", episodes=[make_episode("Second bakery", "Bob bought the bakery.")])
             old_id = next(m.id for m in writer.list("alice") if m.id != new_id)
             writer.store.set_status(old_id, MemoryStatus.deleted, reason="test")
         assert [h.memory.id for h in reader.search("bakery", namespace="alice").episodes] == [new_id]
     manifest = tmp_path / "m.db.indexes" / "alice" / "episode.bm25.json"
     before = manifest.read_text()
-    with HybridMemory.open(path, embedder=minilm) as again:
+    with HybridMemory.open(path, embedder=hashing_embedder) as again:
         again.config.retrieval.mode = "lexical"
         assert [h.memory.id for h in again.search("bakery", namespace="alice").episodes] == [new_id]
     assert manifest.read_text() == before  # loaded as saved, not rebuilt

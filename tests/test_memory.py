@@ -1,4 +1,5 @@
-"""HybridMemory end to end on the real MiniLM embedder and real hnswlib indexes."""
+"""HybridMemory end to end on real hnswlib and BM25 indexes over SQLite: the plumbing on the
+hashing embedder, what ranks first for a paraphrased question on the real MiniLM."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def filler_tuples(n: int, seed: int = 0):
 
 
 @pytest.mark.slow
-def test_search_finds_planted_memory_among_thousands(memory):
+def test_search_finds_planted_memory_among_thousands(minilm_memory):
+    memory = minilm_memory
     memory.add_memories("alice", tuples=filler_tuples(2000))
     memory.add_memories(
         "alice",
@@ -121,10 +123,10 @@ def _search_ids(mem, queries, ns="alice"):
 
 
 @pytest.mark.parametrize("damage", ["delete", "truncate", "garbage", "stale", "foreign_model"])
-def test_damaged_index_is_repaired_on_open(tmp_path, minilm, damage):
+def test_damaged_index_is_repaired_on_open(tmp_path, hashing_embedder, damage):
     path = tmp_path / "m.db"
     queries = ["Who bought a bicycle in Oslo?", "Which city did Eve visit?", "painted a quilt"]
-    with HybridMemory.open(path, embedder=minilm) as mem:
+    with HybridMemory.open(path, embedder=hashing_embedder) as mem:
         ids = mem.add_memories(
             "alice", tuples=filler_tuples(300), episodes=[make_episode("Trip", "Eve visited Oslo by kayak.")]
         )
@@ -140,36 +142,41 @@ def test_damaged_index_is_repaired_on_open(tmp_path, minilm, damage):
         graph.write_bytes(b"\x00garbage" * 100)
     elif damage == "stale":
         # Another writer changes SQLite while the saved index stays as it was.
-        with HybridMemory.open(path, embedder=minilm) as other:
+        with HybridMemory.open(path, embedder=hashing_embedder) as other:
             other.store.set_status(ids[0], MemoryStatus.deleted, reason="test")
             other.store.insert_memories("alice", [make_tuple("Zed", "bought", "a bicycle in Oslo")])
     elif damage == "foreign_model":
         manifest = index_dir / "tuple.manifest.json"
-        manifest.write_text(manifest.read_text().replace("all-minilm-l6-v2", "some-other-model"))
-    with HybridMemory.open(path, embedder=minilm) as mem:
+        built = manifest.read_text()
+        assert hashing_embedder.model_id in built
+        manifest.write_text(built.replace(hashing_embedder.model_id, "some-other-model"))
+    with HybridMemory.open(path, embedder=hashing_embedder) as mem:
         repaired = _search_ids(mem, queries)
         memory_ids = {m.id for m in mem.list("alice")}
     fresh_path = tmp_path / "m.db.indexes"
     import shutil
 
     shutil.rmtree(fresh_path)
-    with HybridMemory.open(path, embedder=minilm) as mem:
+    with HybridMemory.open(path, embedder=hashing_embedder) as mem:
         assert _search_ids(mem, queries) == repaired
         assert {m.id for q in queries for m in mem.search(q, namespace="alice").memories()} <= memory_ids
 
 
-def test_index_sees_other_process_writes(tmp_path, minilm):
+def test_index_sees_other_process_writes(tmp_path, hashing_embedder):
     path = tmp_path / "m.db"
-    with HybridMemory.open(path, embedder=minilm) as reader, HybridMemory.open(path, embedder=minilm) as writer:
+    with (
+        HybridMemory.open(path, embedder=hashing_embedder) as reader,
+        HybridMemory.open(path, embedder=hashing_embedder) as writer,
+    ):
         reader.add_memories("alice", tuples=[make_tuple("Alice", "owns", "a red bicycle")])
         assert len(reader.search("bicycle", namespace="alice").tuples) == 1
         (new_id,) = writer.add_memories("alice", tuples=[make_tuple("Alice", "owns", "a blue bicycle")])
         assert new_id in {m.id for m in reader.search("bicycle", namespace="alice").memories()}
 
 
-def test_forget_leaves_nothing_of_the_namespace(tmp_path, minilm):
+def test_forget_leaves_nothing_of_the_namespace(tmp_path, hashing_embedder):
     path = tmp_path / "m.db"
-    with HybridMemory.open(path, embedder=minilm) as mem:
+    with HybridMemory.open(path, embedder=hashing_embedder) as mem:
         secret = "Alice's bank PIN is 4711"
         mem.add_memories(
             "alice", tuples=[make_tuple("Alice", "has PIN", "4711 for her bank")], session=make_session("alice", 1)
@@ -188,9 +195,9 @@ def test_forget_leaves_nothing_of_the_namespace(tmp_path, minilm):
     assert b"4711" not in raw and secret.encode() not in raw
 
 
-def test_export_import_round_trip(tmp_path, minilm):
+def test_export_import_round_trip(tmp_path, hashing_embedder):
     src, dst = tmp_path / "a.db", tmp_path / "b.db"
-    with HybridMemory.open(src, embedder=minilm) as mem:
+    with HybridMemory.open(src, embedder=hashing_embedder) as mem:
         session = make_session("alice", 1)
         ids = mem.add_memories(
             "alice",
@@ -201,7 +208,7 @@ def test_export_import_round_trip(tmp_path, minilm):
         mem.delete(ids[2], reason="outdated")
         mem.export("alice", tmp_path / "alice.jsonl")
         before = [(m.kind, m.render(), m.status, m.source_turn_ids) for m in mem.list("alice", status=None)]
-    with HybridMemory.open(dst, embedder=minilm) as mem:
+    with HybridMemory.open(dst, embedder=hashing_embedder) as mem:
         assert mem.import_(tmp_path / "alice.jsonl", namespace="alice2") == {"sessions": 1, "memories": 3}
         after = [(m.kind, m.render(), m.status, m.source_turn_ids) for m in mem.list("alice2", status=None)]
         assert after == before
@@ -275,11 +282,11 @@ def test_list_pages_by_kind_and_status(memory):
         memory.list("alice", offset=-1)
 
 
-def test_add_session_returns_what_it_stored_and_curated(tmp_path, minilm):
+def test_add_session_returns_what_it_stored_and_curated(tmp_path, hashing_embedder):
     from tests.test_curation import ScriptedLLM, reply_citing
 
     llm = ScriptedLLM(reply_citing(lambda shown: shown[:2]))
-    with HybridMemory.open(tmp_path / "m.db", embedder=minilm, llm=llm) as mem:
+    with HybridMemory.open(tmp_path / "m.db", embedder=hashing_embedder, llm=llm) as mem:
         session = make_session("alice", 1)
         result = mem.add_session(session)
         assert result.session.curation_status == "curated" and result.session.session.turns == session.turns
@@ -294,7 +301,7 @@ def test_add_session_returns_what_it_stored_and_curated(tmp_path, minilm):
         assert queued.session.curation_status == "pending" and queued.memories == [] and queued.report.stored == 1
 
 
-def test_answer_many_retrieves_per_question_and_answers_in_one_batch(tmp_path, minilm):
+def test_answer_many_retrieves_per_question_and_answers_in_one_batch(tmp_path, hashing_embedder):
     import json
 
     from tests.test_curation import ScriptedLLM
@@ -309,7 +316,7 @@ def test_answer_many_retrieves_per_question_and_answers_in_one_batch(tmp_path, m
     )
     # The scripted model writes the JSON answer schema.
     with HybridMemory.open(
-        tmp_path / "m.db", load_config(overrides={"answering.mode": "json"}), embedder=minilm, llm=llm
+        tmp_path / "m.db", load_config(overrides={"answering.mode": "json"}), embedder=hashing_embedder, llm=llm
     ) as mem:
         mem.add_memories(
             "alice", tuples=[make_tuple("Alice", "lives in", "Rome"), make_tuple("Alice", "drinks", "tea")]

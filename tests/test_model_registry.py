@@ -534,6 +534,12 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
     if not report["backends"]["cuml"]["importable"]:
         assert settings["clusterer"].startswith("auto → cpu: cuml does not import")
 
+    hashing = doctor_report(load_config(overrides={"embedder.backend": "hashing", "embedder.dimension": 256}))
+    row = next(m for m in hashing["models"] if m["role"] == "embedder")
+    assert row["error"] is None and row["source"] == "hashing" and "no model file" in row["status"]
+    assert hashing["config"]["settings"]["embedder"] == "hashing, 256-d"
+    assert not any("embedder" in p for p in hashing["problems"])
+
     gpu = load_config(
         overrides={"llm.backend": "vllm-offline", "llm.model": "qwen3-8b", "consolidation.backend": "gpu"}
     )

@@ -83,17 +83,30 @@ def test_windows_never_cross_a_session_boundary_and_keep_their_ids(tmp_path):
 # ----------------------------------------------------------------------------- search through HybridMemory
 
 
+def _window_memory(path, embedder):
+    mem = HybridMemory.open(path, embedder=embedder)
+    mem.config.retrieval.sources = ["windows"]
+    mem.ingest(SESSIONS[:2], curate=False)
+    return mem
+
+
 @pytest.fixture
-def window_memory(tmp_path, minilm):
-    with HybridMemory.open(tmp_path / "m.db", embedder=minilm) as mem:
-        mem.config.retrieval.sources = ["windows"]
-        mem.ingest(SESSIONS[:2], curate=False)
+def window_memory(tmp_path, hashing_embedder):
+    """Windows only, on the hashing embedder: for what is searched, not what ranks first."""
+    with _window_memory(tmp_path / "m.db", hashing_embedder) as mem:
+        yield mem
+
+
+@pytest.fixture
+def minilm_window_memory(tmp_path, minilm):
+    """Windows only, on MiniLM: for what ranks first."""
+    with _window_memory(tmp_path / "m.db", minilm) as mem:
         yield mem
 
 
 @pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
-def test_window_search_finds_the_turns_and_sees_new_sessions(window_memory, mode):
-    mem = window_memory
+def test_window_search_finds_the_turns_and_sees_new_sessions(minilm_window_memory, mode):
+    mem = minilm_window_memory
     mem.config.retrieval.mode = mode
     hits = mem.search("ceviche in Lima", namespace="alice", k=2).windows
     assert "s1:3" in hits[0].window.turn_ids and len(hits) == 2

@@ -33,8 +33,8 @@ class PhaseUsage(LLMUsage):
 class MeteredLLM:
     """A :class:`StructuredLLM` view of a shared backend that counts what passes through it.
 
-    It has no ``close``: the stores that hold it (``HybridMemory.close`` closes its LLM)
-    must not close the backend the whole run shares.
+    The stores it is given to do not close it (a given LLM stays its giver's), and its own
+    ``close`` leaves the backend alone: the whole run shares it (``Models.close`` closes it).
     """
 
     def __init__(self, inner: StructuredLLM, usage: LLMUsage):
@@ -49,3 +49,6 @@ class MeteredLLM:
 
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)
+
+    def close(self) -> None:
+        """Nothing: the shared backend is the run's to close."""

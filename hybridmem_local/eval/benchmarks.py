@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from hybridmem_local.errors import DatasetError
-from hybridmem_local.eval.locomo import load_locomo
-from hybridmem_local.eval.longmemeval import load_longmemeval
+from hybridmem_local.eval.locomo import LocomoDataset, load_locomo
+from hybridmem_local.eval.longmemeval import LongMemEvalDataset, load_longmemeval
 from hybridmem_local.eval.options import RunOptions
 from hybridmem_local.eval.systems import EvalConversation, EvalQuestion
 from hybridmem_local.schema import StrictModel
@@ -20,6 +20,7 @@ class LoadedBenchmark(StrictModel):
 
 def load_benchmark(options: RunOptions) -> LoadedBenchmark:
     """The selected conversations as benchmark-neutral records; unknown ids are an error."""
+    dataset: LocomoDataset | LongMemEvalDataset
     if options.benchmark == "locomo":
         dataset = load_locomo(options.data, include_adversarial=options.include_adversarial)
         conversations = [_from_locomo(c) for c in dataset.conversations]
@@ -51,7 +52,7 @@ def load_benchmark(options: RunOptions) -> LoadedBenchmark:
     elif options.limit:
         conversations = [c.model_copy(update={"questions": c.questions[: options.limit]}) for c in conversations]
     selected = {q.question_id for c in conversations for q in c.questions}
-    if options.benchmark == "locomo":
+    if isinstance(dataset, LocomoDataset):
         issues = [i for i in dataset.evidence_issues if i.question_id in selected]
         counts: dict[str, Any] = {
             "malformed_evidence": {

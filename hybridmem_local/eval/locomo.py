@@ -22,7 +22,8 @@ from hybridmem_local.schema import Session, StrictModel, check_namespace
 
 __all__ = ["ADVERSARIAL", "CATEGORY_NAMES", "LocomoConversation", "LocomoDataset", "load_locomo", "parse_session_date"]
 
-CATEGORY_NAMES: dict[int, str] = {
+CategoryName = Literal["multi-hop", "temporal", "open-domain", "single-hop", "adversarial"]
+CATEGORY_NAMES: dict[int, CategoryName] = {
     1: "multi-hop",
     2: "temporal",
     3: "open-domain",
@@ -62,7 +63,7 @@ class LocomoQuestion(StrictModel):
     #: Normalised dia_ids (= turn ids) of the turns that hold the answer; may be empty.
     evidence: list[str]
     category: int = Field(ge=1, le=5)
-    category_name: Literal["multi-hop", "temporal", "open-domain", "single-hop", "adversarial"]
+    category_name: CategoryName
 
 
 class EvidenceIssue(StrictModel):
@@ -195,7 +196,9 @@ def normalise_evidence(
     issues: list[EvidenceIssue] = []
     for raw in raw_evidence:
         tokens = [t for t in _EVIDENCE_SEPARATORS.split(raw) if t]
-        ids, dangling, unreadable = [], [], []
+        ids: list[str] = []
+        dangling: list[str] = []
+        unreadable: list[str] = []
         for token in tokens:
             match = _EVIDENCE_ID.match(token)
             if match is None:

@@ -107,7 +107,7 @@ def system_runs(options: RunOptions, config: Config) -> list[SystemRun]:
         cls = SYSTEMS[name]
         sweeps_k = cls.ranked and cls.needs != "raw"
         ks = (options.ks or [base_k]) if sweeps_k else [base_k]
-        mcss: list[int | None] = (options.mcs or [base_mcs]) if cls.needs == "consolidated" else [None]
+        mcss: list[int | None] = list(options.mcs or [base_mcs]) if cls.needs == "consolidated" else [None]
         for mcs in mcss:
             for k in ks:
                 label = name + (f"@mcs{mcs}" if mcs not in (None, base_mcs) else "") + (f"@k{k}" if k != base_k else "")

@@ -46,7 +46,7 @@ from hybridmem_local.answering import Answer, answer_many, build_answer_request,
 from hybridmem_local.config import Config
 from hybridmem_local.context import RenderedContext
 from hybridmem_local.curation import TEMPLATE_ALLOWANCE_TOKENS
-from hybridmem_local.errors import ConfigError, DatasetError
+from hybridmem_local.errors import ConfigError, DatasetError, InvalidInputError
 from hybridmem_local.eval.accounting import PHASES, MeteredLLM, PhaseUsage
 from hybridmem_local.eval.benchmarks import load_benchmark
 from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
@@ -75,6 +75,7 @@ from hybridmem_local.prompts import load_prompt, prompt_names
 from hybridmem_local.schema import StrictModel
 
 if TYPE_CHECKING:
+    from hybridmem_local.embedding import Embedder
     from hybridmem_local.memory import HybridMemory
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class _Run:
             console=console,
             transient=True,
         )
-        self._embedder = None
+        self._embedder: Embedder | None = None
 
     # ------------------------------------------------------------------ top level
 
@@ -261,7 +262,7 @@ class _Run:
         return hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
     @property
-    def embedder(self):
+    def embedder(self) -> Embedder:
         if self._embedder is None:
             from hybridmem_local.embedding import build_embedder
 
@@ -384,6 +385,8 @@ class _Run:
         namespace = conversation.namespace
         path = self.options.stores_dir / f"{namespace}.consolidated-mcs{run.mcs}.db"
         marker = Path(str(path) + ".consolidation.json")
+        if run.mcs is None:
+            raise InvalidInputError(f"{run.label}: a consolidated system's run needs its min_cluster_size (mcs)")
         config = self.config.model_copy(deep=True)
         config.consolidation.hdbscan.min_cluster_size = run.mcs
         usage = PhaseUsage()
@@ -490,9 +493,9 @@ class _Run:
                 retrieval.units += len(batch)
                 answers: list[Answer | None] = [None] * len(batch)
                 verdicts: list[tuple[Verdict | None, str | None, float | None]] = [(None, None, None)] * len(batch)
-                if not self.options.retrieval_only:
+                if judge_llm is not None:  # None: retrieval only
                     began = time.perf_counter()
-                    answers = answer_many(
+                    answered = answer_many(
                         answer_llm,
                         [q.question for q in batch],
                         [
@@ -508,7 +511,8 @@ class _Run:
                     answering.wall_s += time.perf_counter() - began
                     answering.units += len(batch)
                     began = time.perf_counter()
-                    verdicts = self._judge(judge_llm, conversation.namespace, batch, [a.answer for a in answers])
+                    answers = list(answered)
+                    verdicts = self._judge(judge_llm, conversation.namespace, batch, [a.answer for a in answered])
                     judging.wall_s += time.perf_counter() - began
                     judging.units += len(batch)
                 records = [

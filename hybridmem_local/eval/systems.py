@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import AwareDatetime, Field
 
-from hybridmem_local.config import Config, RetrievalConfig
+from hybridmem_local.config import Config, RetrievalConfig, SearchSource
 from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.retrieval import Retriever, format_context
-from hybridmem_local.schema import Provenance, SearchResult, Session, StrictModel, turn_line
+from hybridmem_local.schema import Hit, Provenance, SearchResult, Session, StrictModel, turn_line
 from hybridmem_local.store import MemoryStore
 from hybridmem_local.windows import with_source_turns
 
@@ -94,7 +94,7 @@ class EvalConversation(StrictModel):
 class RankedItem(StrictModel):
     """One retrieved item: a memory (episode, tuple) or an evidence window of raw turns."""
 
-    store: Literal["episodes", "tuples", "windows"]
+    store: SearchSource
     #: Memory id, or the window id (the turns-table key of its first turn).
     id: int
     turn_ids: list[str]
@@ -174,7 +174,7 @@ class RetrievalSystem:
         return {"episodes": k, "tuples": self.retrieval.tuple_multiplier * k, "windows": k}
 
     def context(self, question: EvalQuestion) -> SystemContext:
-        if self._retriever is None:
+        if self._retriever is None or self._store is None:
             raise RuntimeError(f"{self.name}: prepare() was not called")
         shown_limits = self._limits()
         depth = max(self.settings.k, self.settings.recall_depth)
@@ -188,10 +188,10 @@ class RetrievalSystem:
         )
         if self.settings.config.answering.evidence_turns:
             result = with_source_turns(self._store, result)
-        fixed = self.budget is None
-        selected = _cut(result, shown_limits) if fixed else result
+        budget_set = self.budget
+        selected = _cut(result, shown_limits) if budget_set is None else result
         limit = self.settings.context_limit(question)
-        budget = limit if fixed else min(self.budget, limit)
+        budget = limit if budget_set is None else min(budget_set, limit)
         rendered = format_context(selected, budget=budget, count_tokens=self.settings.count_tokens)
         shown_turns = {t for turns in rendered.window_turns.values() for t in turns}
         shown_memories = set(rendered.short_ids.values())
@@ -199,10 +199,10 @@ class RetrievalSystem:
         # Keep what recall@k can read and what was shown (budget mode ranks ~candidate_depth deep).
         within = {(i.store, i.id) for i in retrieved_at(ranked, depth, self.retrieval.tuple_multiplier)}
         ranked = [i for i in ranked if i.shown or (i.store, i.id) in within]
-        if fixed:
+        if budget_set is None:
             truncated = len(shown_memories) + _windows_shown(selected, shown_turns) < _count(selected)
-        elif self.budget > limit:  # the answer model's window, not the budget, decided what fits
-            nominal = format_context(selected, budget=self.budget, count_tokens=self.settings.count_tokens)
+        elif budget_set > limit:  # the answer model's window, not the budget, decided what fits
+            nominal = format_context(selected, budget=budget_set, count_tokens=self.settings.count_tokens)
             truncated = set(nominal.turn_ids) != set(rendered.turn_ids)
         else:
             truncated = False
@@ -378,19 +378,22 @@ def _interleave(
     a search with budget k returns, so recall@k reads a prefix of k steps."""
     per_step = {"episodes": 1, "tuples": max(tuple_multiplier, 1), "windows": 1}
     items: list[tuple[int, int, RankedItem]] = []
-    for order, (store, hits) in enumerate((("episodes", result.episodes), ("tuples", result.tuples))):
+    memory_stores: tuple[tuple[SearchSource, list[Hit]], ...] = (
+        ("episodes", result.episodes),
+        ("tuples", result.tuples),
+    )
+    for order, (store, hits) in enumerate(memory_stores):
         for rank, hit in enumerate(hits):
             memory = hit.memory
             item = RankedItem(
                 store=store,
-                id=memory.id,
+                id=memory.stored_id,
                 turn_ids=list(memory.source_turn_ids),
                 provenance=memory.provenance,
                 shown=memory.id in shown_memories,
             )
             items.append((rank // per_step[store], order, item))
-    for rank, hit in enumerate(result.windows):
-        window = hit.window
+    for rank, window in enumerate(window_hit.window for window_hit in result.windows):
         item = RankedItem(
             store="windows", id=window.id, turn_ids=window.turn_ids, shown=set(window.turn_ids) <= shown_turns
         )

@@ -10,6 +10,7 @@ openai) only when it is built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from hybridmem_local.config import LLMConfig
@@ -22,12 +23,16 @@ from hybridmem_local.llm.replies import ChatBackend
 from hybridmem_local.llm.transformers_backend import TransformersLLM
 from hybridmem_local.llm.vllm_offline import VLLMOfflineLLM
 
-BACKENDS: dict[str, type[ChatBackend]] = {
+#: Backends that load weights from a local path.
+LOCAL_BACKENDS: dict[str, Callable[[LLMConfig, Path], ChatBackend]] = {
     "llamacpp": LlamaCppLLM,
     "transformers": TransformersLLM,
     "vllm-offline": VLLMOfflineLLM,
-    "openai-server": OpenAIServerLLM,
 }
+#: Backends that talk to a server.
+SERVER_BACKENDS: dict[str, Callable[[LLMConfig], ChatBackend]] = {"openai-server": OpenAIServerLLM}
+#: Every backend name ``LLMConfig.backend`` accepts.
+BACKENDS = {**LOCAL_BACKENDS, **SERVER_BACKENDS}
 
 
 def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Path | None = None) -> StructuredLLM:
@@ -36,8 +41,9 @@ def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Pat
     Local backends load ``model_path`` when given, else ``config.path``, else the manifest
     entry named ``config.model`` (see ``hybridmem_local.model_registry``).
     """
-    backend = BACKENDS[config.backend]
-    if backend.needs_local_model:
+    if config.backend in SERVER_BACKENDS:
+        llm: StructuredLLM = SERVER_BACKENDS[config.backend](config)
+    else:
         from hybridmem_local.offline import enforce_offline
 
         enforce_offline()  # before any engine import: hub libraries read the variables at import
@@ -45,9 +51,7 @@ def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Pat
             from hybridmem_local.model_registry import resolve_model
 
             model_path = resolve_model(config.model, explicit_path=config.path).path
-        llm: StructuredLLM = backend(config, Path(model_path))
-    else:
-        llm = backend(config)
+        llm = LOCAL_BACKENDS[config.backend](config, Path(model_path))
     if cache_path is not None:
         llm = CachedLLM(
             llm,

@@ -12,11 +12,13 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+ChatRole = Literal["system", "user", "assistant"]
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    role: Literal["system", "user", "assistant"]
+    role: ChatRole
     content: str
 
 
@@ -64,8 +66,10 @@ class LLMResult(BaseModel):
 
 @runtime_checkable
 class StructuredLLM(Protocol):
-    #: Identifies backend + model for caches and run manifests, e.g. "llamacpp:smollm2-135m-instruct".
-    model_id: str
+    @property
+    def model_id(self) -> str:
+        """Identifies backend + model for caches and run manifests, e.g. "llamacpp:smollm2-135m-instruct"."""
+        ...
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         """Run a batch; one result per request, in order. Never raises for a bad reply:

@@ -88,10 +88,11 @@ class CachedLLM:
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         keys = [self.key(request) for request in requests]
-        results: list[LLMResult | None] = [
-            self._lookup(key, request) for key, request in zip(keys, requests, strict=True)
-        ]
-        misses = [i for i, result in enumerate(results) if result is None]
+        results: dict[int, LLMResult] = {}
+        for i, (key, request) in enumerate(zip(keys, requests, strict=True)):
+            if (cached := self._lookup(key, request)) is not None:
+                results[i] = cached
+        misses = [i for i in range(len(requests)) if i not in results]
         for start in range(0, len(misses), self.chunk_size):
             chunk = misses[start : start + self.chunk_size]
             fresh = self.inner.generate([requests[i] for i in chunk])
@@ -100,7 +101,7 @@ class CachedLLM:
                     results[i] = result
                     if result.ok:
                         self._store(keys[i], requests[i], result)
-        return results  # type: ignore[return-value]
+        return [results[i] for i in range(len(requests))]
 
     def _lookup(self, key: str, request: LLMRequest) -> LLMResult | None:
         start = time.perf_counter()

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import json
 import warnings
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from hybridmem_local.llm.replies import schema_json
+
+if TYPE_CHECKING:  # Outlines imports torch and its engines: only when a backend is built
+    from outlines.backends.llguidance import LLGuidanceLogitsProcessor
+    from outlines.models import SteerableModel
 
 #: Whitespace allowed between JSON tokens: one optional space. Small models left free to emit
 #: whitespace can loop on newlines until max_new_tokens.
@@ -30,7 +35,7 @@ class OutlinesProcessors:
     tokenizer llguidance builds points into that model's vocabulary.
     """
 
-    def __init__(self, outlines_model: object):
+    def __init__(self, outlines_model: SteerableModel):
         from outlines.backends import LLGuidanceBackend
 
         # Converts the vocabulary once (~0.3 s for SmolLM2); each schema then costs ~1 ms. The
@@ -38,9 +43,9 @@ class OutlinesProcessors:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             self._backend = LLGuidanceBackend(outlines_model)
-        self._built: dict[str, object] = {}
+        self._built: dict[str, LLGuidanceLogitsProcessor] = {}
 
-    def get(self, schema: type[BaseModel]):
+    def get(self, schema: type[BaseModel]) -> LLGuidanceLogitsProcessor:
         key = json.dumps(schema_json(schema))
         if key not in self._built:
             # llguidance reads its JSON options from the schema (Outlines' whitespace_pattern

@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hybridmem_local.config import LLMConfig
 from hybridmem_local.errors import LLMError
-from hybridmem_local.llm.base import LLMRequest
+from hybridmem_local.llm.base import ChatMessage, LLMRequest
 from hybridmem_local.llm.constrained import OutlinesProcessors
 from hybridmem_local.llm.replies import ChatBackend, Completion
+
+if TYPE_CHECKING:  # llama_cpp loads its shared library at import: only when the backend is built
+    from llama_cpp.llama import LogitsProcessor
+    from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 
 def find_gguf(path: Path) -> Path:
@@ -117,17 +122,18 @@ class LlamaCppLLM(ChatBackend):
     def _complete_one(self, request: LLMRequest) -> Completion:
         from llama_cpp import LogitsProcessorList
 
-        processors = []
+        processors: list[LogitsProcessor] = []
         if request.output_schema is not None:
             processor = self._processors.get(request.output_schema)
             processor.reset()
-            processors.append(processor)
+            # Outlines types ids and logits as one TensorType; llama.cpp passes int32 ids, float32 logits.
+            processors.append(processor)  # type: ignore[arg-type]
         guard = RepetitionGuard(self._llama.token_eos())
         processors.append(guard)
         start = time.perf_counter()
         try:
             response = self._llama.create_chat_completion(
-                messages=[message.model_dump() for message in request.messages],
+                messages=[_llama_message(message) for message in request.messages],
                 logits_processor=LogitsProcessorList(processors),
                 max_tokens=self.max_new_tokens(request),
                 temperature=self.config.temperature,
@@ -137,6 +143,8 @@ class LlamaCppLLM(ChatBackend):
             return Completion(error=str(exc), permanent=True, latency_s=time.perf_counter() - start)
         finally:
             self._llama.reset()
+        if isinstance(response, Iterator):  # only with stream=True, which is never asked for
+            raise LLMError("llama.cpp streamed a reply where a whole one was asked for")
         choice = response["choices"][0]
         usage = response["usage"]
         return Completion(
@@ -150,3 +158,12 @@ class LlamaCppLLM(ChatBackend):
 
     def count_tokens(self, text: str) -> int:
         return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+
+def _llama_message(message: ChatMessage) -> ChatCompletionRequestMessage:
+    """A chat message as llama-cpp-python's typed dicts (one per role)."""
+    if message.role == "system":
+        return {"role": "system", "content": message.content}
+    if message.role == "user":
+        return {"role": "user", "content": message.content}
+    return {"role": "assistant", "content": message.content}

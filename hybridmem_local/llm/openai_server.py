@@ -41,8 +41,6 @@ _RETRYABLE_STATUS = {408, 409, 429}
 
 
 class OpenAIServerLLM(ChatBackend):
-    needs_local_model = False
-
     def __init__(self, config: LLMConfig):
         super().__init__(config)
         import openai
@@ -56,12 +54,9 @@ class OpenAIServerLLM(ChatBackend):
             timeout=config.timeout_s,
             max_retries=0,  # retries are ours: bounded by llm.max_retries, with validation feedback
         )
-        self._check_served_model()
-
-    @property
-    def cache_chunk_size(self) -> int:
         # Several rounds of concurrent requests per chunk, so a slow reply stalls few others.
-        return 4 * self.config.max_concurrent_requests
+        self.cache_chunk_size = 4 * config.max_concurrent_requests
+        self._check_served_model()
 
     def _check_served_model(self) -> None:
         try:
@@ -140,7 +135,9 @@ class OpenAIServerLLM(ChatBackend):
             )
         except self._openai.APIError as exc:
             raise LLMError(f"cannot count tokens with {root}/tokenize: {exc}") from exc
-        return int(reply["count"])
+        if not isinstance(reply, dict) or not isinstance(reply.get("count"), int):
+            raise LLMError(f"{root}/tokenize answered without a token count: {str(reply)[:200]}")
+        return reply["count"]
 
     def close(self) -> None:
         """Close the client's pooled connections to the server."""

@@ -231,23 +231,23 @@ def generate_with_retries(
         pending = still_pending
         if not pending:
             break
-    for i, result in enumerate(results):
-        if result is None:
-            results[i] = LLMResult(
-                text=last_reply[i],
-                prompt_tokens=totals[i].prompt_tokens,
-                completion_tokens=totals[i].completion_tokens,
-                latency_s=totals[i].latency_s,
-                error=last_error[i],
-            )
-    return results  # type: ignore[return-value]
+    return [
+        result
+        if result is not None
+        else LLMResult(
+            text=last_reply[i],
+            prompt_tokens=totals[i].prompt_tokens,
+            completion_tokens=totals[i].completion_tokens,
+            latency_s=totals[i].latency_s,
+            error=last_error[i],
+        )
+        for i, result in enumerate(results)
+    ]
 
 
 class ChatBackend(ABC):
     """Base of the built-in backends: ``generate`` = ``_complete`` + validation + retries."""
 
-    #: Whether the backend loads weights from a local path (else it talks to a server).
-    needs_local_model: bool = True
     #: Requests the call cache sends per call and commits together: what a killed run can
     #: lose, traded against the batch the engine sees (see ``CachedLLM``).
     cache_chunk_size: int = 32

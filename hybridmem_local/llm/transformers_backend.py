@@ -50,19 +50,24 @@ class TransformersLLM(ChatBackend):
         self._model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **load_args)
         self._model.eval()
         # Also sets left padding and a pad token, which batched generation needs.
-        self._processors = OutlinesProcessors(outlines.from_transformers(self._model, self._tokenizer))
+        # Outlines annotates the slow PreTrainedTokenizer; it documents and takes fast ones too.
+        outlines_model = outlines.from_transformers(self._model, self._tokenizer)  # type: ignore[arg-type]
+        self._processors = OutlinesProcessors(outlines_model)
         eos = self._model.generation_config.eos_token_id
         if eos is None:
             eos = self._tokenizer.eos_token_id
         self._eos_ids = set(eos if isinstance(eos, list) else [eos])
 
     def _prompt(self, request: LLMRequest) -> str:
-        return self._tokenizer.apply_chat_template(
+        prompt = self._tokenizer.apply_chat_template(
             [message.model_dump() for message in request.messages],
             tokenize=False,
             add_generation_prompt=True,
             enable_thinking=request.enable_thinking,
         )
+        if not isinstance(prompt, str):  # tokenize=False renders text; anything else is a broken template
+            raise LLMError(f"the chat template rendered {type(prompt).__name__}, not text")
+        return prompt
 
     def _complete(self, requests: list[LLMRequest]) -> list[Completion]:
         def group_key(index: int) -> tuple[str, int]:
@@ -70,12 +75,11 @@ class TransformersLLM(ChatBackend):
             schema = request.output_schema
             return (json.dumps(schema_json(schema)) if schema else "", self.max_new_tokens(request))
 
-        completions: list[Completion | None] = [None] * len(requests)
+        completions: dict[int, Completion] = {}
         for _, group in groupby(sorted(range(len(requests)), key=group_key), key=group_key):
             indices = list(group)
-            for index, completion in zip(indices, self._complete_group([requests[i] for i in indices]), strict=True):
-                completions[index] = completion
-        return completions  # type: ignore[return-value]
+            completions.update(zip(indices, self._complete_group([requests[i] for i in indices]), strict=True))
+        return [completions[i] for i in range(len(requests))]
 
     def _complete_group(self, requests: list[LLMRequest]) -> list[Completion]:
         """One padded ``generate`` call for requests sharing a schema and a token budget."""
@@ -92,6 +96,7 @@ class TransformersLLM(ChatBackend):
         inputs = self._tokenizer(
             [self._prompt(r) for r in requests], padding=True, add_special_tokens=False, return_tensors="pt"
         )
+        sampling: dict[str, bool | float | None]
         if self.config.temperature > 0:
             torch.manual_seed(self.config.seed)
             sampling = {"do_sample": True, "temperature": self.config.temperature}
@@ -116,9 +121,11 @@ class TransformersLLM(ChatBackend):
         for row, prompt_mask in zip(generated, inputs["attention_mask"], strict=True):
             stop = next((i for i, token in enumerate(row) if token in self._eos_ids), None)
             tokens = row if stop is None else row[: stop + 1]
+            # One row of ids decodes to one str (a list comes back only for a batch of rows).
+            text: str = self._tokenizer.decode(tokens, skip_special_tokens=True)  # type: ignore[assignment]
             completions.append(
                 Completion(
-                    text=self._tokenizer.decode(tokens, skip_special_tokens=True),
+                    text=text,
                     prompt_tokens=int(prompt_mask.sum()),
                     completion_tokens=len(tokens),
                     # The batch ran as one call: each of its results reports the call's time.

@@ -141,13 +141,12 @@ class VLLMOfflineLLM(ChatBackend):
         )
 
     def _complete(self, requests: list[LLMRequest]) -> list[Completion]:
-        completions: list[Completion | None] = [None] * len(requests)
+        completions: dict[int, Completion] = {}
         for thinking in (False, True):
             indices = [i for i, request in enumerate(requests) if request.enable_thinking == thinking]
             if indices:
-                for i, completion in zip(indices, self._chat([requests[i] for i in indices], thinking), strict=True):
-                    completions[i] = completion
-        return completions  # type: ignore[return-value]
+                completions.update(zip(indices, self._chat([requests[i] for i in indices], thinking), strict=True))
+        return [completions[i] for i in range(len(requests))]
 
     def _chat(self, requests: list[LLMRequest], thinking: bool) -> list[Completion]:
         """One ``LLM.chat`` call; when vLLM rejects the call, halves until the rejected request is alone."""

@@ -16,7 +16,7 @@ from string import Template
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hybridmem_local.errors import PromptError
-from hybridmem_local.llm.base import ChatMessage
+from hybridmem_local.llm.base import ChatMessage, ChatRole
 from hybridmem_local.readers import read_yaml_mapping
 
 PROMPTS_DIR = Path(__file__).parent
@@ -34,7 +34,8 @@ class PromptTemplate(BaseModel):
     def messages(self, **values: object) -> list[ChatMessage]:
         """The chat messages with every ``$placeholder`` filled from ``values``."""
         messages = []
-        for role, text in (("system", self.system), ("user", self.user)):
+        parts: tuple[tuple[ChatRole, str], ...] = (("system", self.system), ("user", self.user))
+        for role, text in parts:
             if not text.strip():
                 continue
             try:

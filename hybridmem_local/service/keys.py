@@ -115,7 +115,7 @@ class KeyRing:
 
     def create(self, namespaces: list[str], role: Role | str, label: str | None = None) -> tuple[ApiKey, str]:
         """A new key and its full token (``hm_<key_id>_<secret>``): the only time the secret is seen."""
-        request = KeyRequest(namespaces=namespaces, role=role, label=label)
+        request = KeyRequest.model_validate({"namespaces": namespaces, "role": role, "label": label})
         secret = secrets.token_urlsafe(32)
         salt = secrets.token_bytes(16)
         while True:  # 2^32 ids: a clash is rare but must not overwrite or fail

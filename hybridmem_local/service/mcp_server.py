@@ -468,4 +468,6 @@ def mount_mcp(app: FastAPI, operations: Operations, *, require_auth: bool = True
         async with sessions.run(), app_lifespan(running) as app_state:
             yield app_state
 
-    app.router.lifespan_context = lifespan
+    # It yields what the app's own lifespan yields (None or a state mapping), which Starlette's
+    # Lifespan type only accepts as two separate callables.
+    app.router.lifespan_context = lifespan  # type: ignore[assignment]

@@ -459,11 +459,11 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory, minilm):
+def pristine(tmp_path_factory, hashing_embedder):
     """A store with two curated alice sessions (memories, vectors, indexes) and a raw bob one."""
     root = tmp_path_factory.mktemp("bad_inputs")
     db = root / "pristine.db"
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         for item in curated_sessions("alice", 2, seed=31):
             memory.add_memories("alice", episodes=item.episodes, tuples=item.tuples, session=item.session)
         memory.ingest([curated_sessions("bob", 1, seed=32, first=7)[0].session], curate=False)
@@ -498,7 +498,7 @@ def squash(text: str) -> str:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input(case: Case, pristine, tmp_path, minilm):
+def test_bad_input(case: Case, pristine, tmp_path, hashing_embedder, hashing_cli):
     db = tmp_path / "m.db"
     shutil.copy(pristine, db)
     shutil.copytree(Path(str(pristine) + ".indexes"), Path(str(db) + ".indexes"))
@@ -521,7 +521,7 @@ def test_bad_input(case: Case, pristine, tmp_path, minilm):
             assert isinstance(result.exception, SystemExit), f"traceback instead of a message: {result.exception!r}"
         assert squash(case.fragment) in squash(result.output), result.output
     else:
-        with HybridMemory.open(db, embedder=minilm) as memory:
+        with HybridMemory.open(db, embedder=hashing_embedder) as memory:
             if case.raises is None:
                 case.call(memory, tmp_path)
             else:
@@ -533,7 +533,7 @@ def test_bad_input(case: Case, pristine, tmp_path, minilm):
         assert after[table][: len(rows)] == rows, f"{table}: earlier rows changed"
     if case.refused:
         assert after == before, "a refused input left rows behind"
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         assert memory.store.integrity_check() == "ok"
         if case.then is not None:
             case.then(memory)

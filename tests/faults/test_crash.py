@@ -210,17 +210,17 @@ def _change(memory: HybridMemory, item, change: str) -> None:
 @pytest.mark.parametrize("change", ["add", "delete", "add_and_delete"])
 @pytest.mark.parametrize("crash", list(INTERRUPTED_SAVES))
 @pytest.mark.parametrize("index_kind", list(INDEX_KINDS))
-def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, minilm, index_kind, crash, change):
+def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, hashing_embedder, index_kind, crash, change):
     kind = INDEX_KINDS[index_kind]
     items = curated_sessions("alice", 4, seed=3)
     db = tmp_path / "m.db"
     folder = Path(str(db) + ".indexes") / "alice"
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         for item in items[:3]:
             memory.add_memories("alice", episodes=item.episodes, tuples=item.tuples, session=item.session)
         memory.search("save the indexes", namespace="alice")
     old = kind.files(folder)
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         _change(memory, items[3], change)
     new = kind.files(folder)
     assert old and set(kind.generation(old)).isdisjoint(kind.generation(new)), "a save must write a new generation"
@@ -228,8 +228,8 @@ def test_an_index_save_killed_at_any_step_is_repaired_on_open(tmp_path, minilm, 
         (folder / name).unlink()
     for name, data in INTERRUPTED_SAVES[crash](kind, old, new).items():
         (folder / name).write_bytes(data)
-    assert_search_matches_rebuild(db, minilm, ["alice"], tmp_path)
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    assert_search_matches_rebuild(db, hashing_embedder, ["alice"], tmp_path)
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         _change(memory, items[3], "delete")
     left = {kind.generation_of(name) for name in kind.generation(kind.files(folder))}
     # A save removes the generation it replaced; a fresh orphan of the killed save stays (it may
@@ -336,3 +336,64 @@ def test_sigkill_during_curation_then_rerun_ends_exactly_as_an_uninterrupted_ing
         assert_search_matches_rebuild(db, minilm, ["carol"], tmp_path)
     finally:
         server.stop()
+
+
+def _cached_replies(db: Path) -> int:
+    cache = Path(str(db) + ".llm_cache.sqlite")
+    if not cache.exists():
+        return 0
+    conn = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=30)
+    try:
+        return conn.execute("SELECT count(*) FROM llm_calls").fetchone()[0]
+    except sqlite3.OperationalError:  # the writer has not created the table yet
+        return 0
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_curation_batch_repeats_only_the_unfinished_windows(zygote, tmp_path):
+    """The embedded default (llama.cpp) commits each window's reply to the call cache as it
+    finishes: a run killed inside one batch of sessions keeps those replies, and the rerun asks
+    the model only for the windows it had not finished, ending as an uninterrupted run."""
+    sessions = [c.session for c in curated_sessions("dora", 4, seed=5, turns=4)]
+    sessions_file = write_jsonl(sessions, tmp_path / "sessions.jsonl")
+    overrides = {
+        "llm.backend": "llamacpp",
+        "llm.model": "smollm2-135m-instruct",
+        "llm.n_threads": 1,
+        "llm.max_retries": 0,
+        "curation.batch_sessions": len(sessions),  # one batch: nothing commits before its last reply
+        "curation.retry_rounds": 0,
+        "consolidation.every_n_sessions": 0,
+    }
+    reference_spec = job("ingest", tmp_path / "reference.db", sessions_file, tmp_path, "reference", overrides=overrides)
+    zygote.start([reference_spec])
+    assert list(zygote.wait().values()) == [0], error_text(reference_spec)
+    reference_report = json.loads(progress_lines(reference_spec)[0].removeprefix("report "))
+    windows = reference_report["usage"]["requests"]
+    assert windows >= len(sessions) and reference_report["usage"]["cached"] == 0
+    reference = _curation_state(tmp_path / "reference.db")
+
+    db = tmp_path / "killed.db"
+    spec = job("ingest", db, sessions_file, tmp_path, "killed", overrides=overrides)
+    [pid] = zygote.start([spec])
+    deadline = time.monotonic() + 240
+    while _cached_replies(db) == 0:
+        assert time.monotonic() < deadline, f"no reply cached: {error_text(spec)}"
+        time.sleep(0.01)
+    _kill(pid)
+    assert list(zygote.wait().values()) == [-signal.SIGKILL], "the batch finished before the kill"
+    kept = _cached_replies(db)
+    assert 1 <= kept < windows
+    assert not progress_lines(spec), "the killed run got past its one batch"
+    assert all(status != "curated" for status, _, _ in _curation_state(db).values())
+    assert_integrity(db)
+
+    resume = job("ingest", db, sessions_file, tmp_path, "resume", overrides=overrides)
+    zygote.start([resume])
+    assert list(zygote.wait().values()) == [0], error_text(resume)
+    resumed = json.loads(progress_lines(resume)[0].removeprefix("report "))
+    assert resumed["usage"]["cached"] == kept
+    assert resumed["usage"]["requests"] - resumed["usage"]["cached"] == windows - kept
+    assert _curation_state(db) == reference

@@ -96,13 +96,15 @@ def session():
     return curated_sessions("alice", 1, seed=21, turns=4)[0].session
 
 
-def _open(db, server, minilm, **extra) -> HybridMemory:
-    return HybridMemory.open(db, load_config(overrides=server.overrides(**OVERRIDES, **extra)), embedder=minilm)
+def _open(db, server, hashing_embedder, **extra) -> HybridMemory:
+    return HybridMemory.open(
+        db, load_config(overrides=server.overrides(**OVERRIDES, **extra)), embedder=hashing_embedder
+    )
 
 
 @pytest.mark.parametrize("name, steps, status, error, requests", CASES, ids=[c[0] for c in CASES])
 def test_llm_fault_ends_in_a_retry_or_a_kept_failed_session(
-    tmp_path, minilm, server, session, name, steps, status, error, requests
+    tmp_path, hashing_embedder, server, session, name, steps, status, error, requests
 ):
     if isinstance(steps[0], str) and "{GOOD}" in steps[0]:
         prefix = steps[0].replace("{GOOD}", "")
@@ -110,7 +112,7 @@ def test_llm_fault_ends_in_a_retry_or_a_kept_failed_session(
     else:
         server.respond = scripted(steps)
     db = tmp_path / "m.db"
-    with _open(db, server, minilm) as memory:
+    with _open(db, server, hashing_embedder) as memory:
         report = memory.ingest([session])
         assert len(server.requests) == requests
         record = memory.store.get_session("alice", session.session_id)
@@ -135,9 +137,9 @@ def test_llm_fault_ends_in_a_retry_or_a_kept_failed_session(
     assert_integrity(db)
 
 
-def test_retries_carry_the_validation_error_back_to_the_model(tmp_path, minilm, server, session):
+def test_retries_carry_the_validation_error_back_to_the_model(tmp_path, hashing_embedder, server, session):
     server.respond = scripted(['{"episodes": [{"title": "Ann', GOOD])
-    with _open(tmp_path / "m.db", server, minilm) as memory:
+    with _open(tmp_path / "m.db", server, hashing_embedder) as memory:
         memory.ingest([session])
     first, retry = server.requests
     assert retry["messages"][: len(first["messages"])] == first["messages"]
@@ -146,10 +148,10 @@ def test_retries_carry_the_validation_error_back_to_the_model(tmp_path, minilm, 
 
 
 def test_a_server_that_goes_away_after_start_is_a_clear_error_and_a_rerun_stores_the_session(
-    tmp_path, minilm, server, session
+    tmp_path, hashing_embedder, server, session
 ):
     db = tmp_path / "m.db"
-    with _open(db, server, minilm) as memory:
+    with _open(db, server, hashing_embedder) as memory:
         assert memory.llm.model_id  # built (and the served model checked) while the server is up
         server.stop()
         with pytest.raises(LLMError, match=f"cannot count tokens with http://127.0.0.1:{server.port}/tokenize"):
@@ -157,7 +159,7 @@ def test_a_server_that_goes_away_after_start_is_a_clear_error_and_a_rerun_stores
         assert memory.store.counts() == {"sessions": 0, "turns": 0}
     replacement = ChatServer(scripted([GOOD]), key=window_key)
     try:
-        with _open(db, replacement, minilm) as memory:
+        with _open(db, replacement, hashing_embedder) as memory:
             assert memory.ingest([session]).curated == 1
             assert memory.store.get_session("alice", session.session_id).session == session
     finally:
@@ -165,10 +167,10 @@ def test_a_server_that_goes_away_after_start_is_a_clear_error_and_a_rerun_stores
     assert_integrity(db)
 
 
-def test_an_unreachable_server_is_a_clear_error_before_anything_is_stored(tmp_path, minilm, server, session):
+def test_an_unreachable_server_is_a_clear_error_before_anything_is_stored(tmp_path, hashing_embedder, server, session):
     server.stop()
     db = tmp_path / "m.db"
-    with _open(db, server, minilm) as memory:
+    with _open(db, server, hashing_embedder) as memory:
         with pytest.raises(LLMError, match="cannot reach the OpenAI-compatible server"):
             memory.ingest([session])
         assert memory.store.counts() == {"sessions": 0, "turns": 0}
@@ -187,7 +189,7 @@ def test_the_cli_reports_an_unreachable_llm_server_in_one_line(tmp_path, server,
     assert "cannot reach" in result.output
 
 
-def test_memories_written_without_content_are_left_out_and_counted(tmp_path, minilm, server, session):
+def test_memories_written_without_content_are_left_out_and_counted(tmp_path, hashing_embedder, server, session):
     """A small model copying turn ids into a tuple's fields: that tuple is left out, the rest is stored."""
     import json
 
@@ -207,7 +209,7 @@ def test_memories_written_without_content_are_left_out_and_counted(tmp_path, min
         return json.dumps(reply)
 
     server.respond = with_an_empty_tuple
-    with _open(tmp_path / "m.db", server, minilm) as memory:
+    with _open(tmp_path / "m.db", server, hashing_embedder) as memory:
         report = memory.ingest([session])
         assert (report.curated, report.memories, report.memories_left_out) == (1, 1 + len(session.turns), 1)
         stored = memory.list("alice")

@@ -3,7 +3,8 @@ search over the hnswlib indexes returns what an exact search over the active row
 and hybrid search equals a fresh rebuild of every index.
 
 Exact search is numpy cosine over the cached embeddings of the active rows. Embeddings of a
-fixed pool of texts are computed once with the real MiniLM, so examples only do store and
+fixed pool of texts are computed once (with the hashing embedder: what is compared is the
+index against exact search, not what the vectors mean), so examples only do store and
 index work; a consolidation applies a random valid plan through the consolidation module's
 own validation (``validate_plan``) and transactional apply.
 """
@@ -70,12 +71,12 @@ def _pool() -> dict[str, list]:
 
 
 @pytest.fixture(scope="module")
-def pool(minilm):
+def pool(hashing_embedder):
     from hybridmem_local.memory import _as_stored
 
     drafts = _pool()
     texts = sorted({_as_stored(d, NS).index_text() for ds in drafts.values() for d in ds})
-    return drafts, texts, minilm.embed(texts)
+    return drafts, texts, hashing_embedder.embed(texts)
 
 
 def _seed_cache(memory: HybridMemory, pool) -> None:
@@ -174,12 +175,12 @@ OPERATIONS = st.one_of(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 @given(operations=st.lists(OPERATIONS, min_size=1, max_size=10))
-def test_search_equals_exact_search_over_active_rows_after_any_sequence(operations, pool, minilm):
-    query_vectors = minilm.embed(QUERIES)
+def test_search_equals_exact_search_over_active_rows_after_any_sequence(operations, pool, hashing_embedder):
+    query_vectors = hashing_embedder.embed(QUERIES)
     config = load_config(overrides={"retrieval.mode": "dense"})
     with tempfile.TemporaryDirectory() as folder:
         db = Path(folder) / "m.db"
-        memory = HybridMemory.open(db, config, embedder=minilm)
+        memory = HybridMemory.open(db, config, embedder=hashing_embedder)
         try:
             _seed_cache(memory, pool)
             for operation in operations:
@@ -204,11 +205,11 @@ def test_search_equals_exact_search_over_active_rows_after_any_sequence(operatio
                     _seed_cache(memory, pool)
                 elif name == "reopen":
                     memory.close()
-                    memory = HybridMemory.open(db, config, embedder=minilm)
+                    memory = HybridMemory.open(db, config, embedder=hashing_embedder)
                 _check(memory, query_vectors)
         finally:
             memory.close()
         with HybridMemory.open(db, config) as reopened:
             namespaces = reopened.store.namespaces()
         if NS in namespaces:
-            assert_search_matches_rebuild(db, minilm, [NS], Path(folder))
+            assert_search_matches_rebuild(db, hashing_embedder, [NS], Path(folder))

@@ -61,10 +61,10 @@ def tmpfs(tmp_path):
 # --------------------------------------------------------------------------- full
 
 
-def _full_store(tmp_path, minilm):
+def _full_store(tmp_path, hashing_embedder):
     """A store holding one session whose database may not grow by a single page."""
     items = curated_sessions("alice", 3, seed=11)
-    memory = HybridMemory.open(tmp_path / "m.db", embedder=minilm)
+    memory = HybridMemory.open(tmp_path / "m.db", embedder=hashing_embedder)
     _add(memory, items[0])
     memory.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     pages = memory.store.conn.execute("PRAGMA page_count").fetchone()[0]
@@ -74,8 +74,8 @@ def _full_store(tmp_path, minilm):
     return memory, items[0], big
 
 
-def test_a_full_database_refuses_the_session_whole_and_accepts_it_once_there_is_room(tmp_path, minilm):
-    memory, first, big = _full_store(tmp_path, minilm)
+def test_a_full_database_refuses_the_session_whole_and_accepts_it_once_there_is_room(tmp_path, hashing_embedder):
+    memory, first, big = _full_store(tmp_path, hashing_embedder)
     db = memory.store.path
     with memory:
         before_search = memory.search(QUERIES[0], namespace="alice")
@@ -94,11 +94,11 @@ def test_a_full_database_refuses_the_session_whole_and_accepts_it_once_there_is_
     assert set(session_states(db, [first, big]).values()) == {"present"}
 
 
-def test_a_filling_disk_stops_ingest_with_sqlites_error_and_keeps_every_committed_session(tmpfs, minilm):
+def test_a_filling_disk_stops_ingest_with_sqlites_error_and_keeps_every_committed_session(tmpfs, hashing_embedder):
     db = tmpfs / "m.db"
     items = curated_sessions("alice", 200, seed=12)
     written = []
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
             for item in items:
                 _add(memory, item)
@@ -122,14 +122,14 @@ def test_the_cli_reports_a_full_disk_in_one_line(tmpfs, tmp_path):
 
 
 @pytest.fixture
-def read_only_store(tmp_path, minilm, request):
+def read_only_store(tmp_path, hashing_embedder, request):
     """A store with one session, made read-only: (db, items, make_writable)."""
     items = curated_sessions("alice", 2, seed=14)
     root = os.geteuid() == 0
     folder = request.getfixturevalue("tmpfs") if root else tmp_path / "ro"
     folder.mkdir(exist_ok=True)
     db = folder / "m.db"
-    with HybridMemory.open(db, embedder=minilm) as memory:
+    with HybridMemory.open(db, embedder=hashing_embedder) as memory:
         _add(memory, items[0])
     writable = {"done": False}
 
@@ -153,11 +153,11 @@ def read_only_store(tmp_path, minilm, request):
     make_writable()
 
 
-def test_a_read_only_store_is_a_clear_error_and_stays_intact(read_only_store, minilm):
+def test_a_read_only_store_is_a_clear_error_and_stays_intact(read_only_store, hashing_embedder):
     db, items, make_writable = read_only_store
     with (
         pytest.raises((StoreError, OSError), match=r"(?i)read-only|permission denied|readonly") as caught,
-        HybridMemory.open(db, embedder=minilm) as memory,
+        HybridMemory.open(db, embedder=hashing_embedder) as memory,
     ):
         _add(memory, items[1])
     assert str(db) in str(caught.value) or getattr(caught.value, "filename", None) == str(db)

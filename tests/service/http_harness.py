@@ -1,5 +1,5 @@
 """A real ``hybridmem serve`` stack for the HTTP tests: ServiceState + create_app on uvicorn,
-bound to 127.0.0.1 on a free port in a thread of the test process (so the session's MiniLM is
+bound to 127.0.0.1 on a free port in a thread of the test process (so the session's embedder is
 shared), stopped through uvicorn's ``should_exit``.
 """
 

@@ -77,9 +77,9 @@ def chat_server():
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory, minilm, chat_server):
+def service(tmp_path_factory, hashing_embedder, chat_server):
     with live_service(
-        tmp_path_factory.mktemp("client") / "memory.db", minilm, None, **llm_settings(chat_server)
+        tmp_path_factory.mktemp("client") / "memory.db", hashing_embedder, None, **llm_settings(chat_server)
     ) as svc:
         yield svc
 
@@ -234,7 +234,7 @@ def test_errors_come_back_as_the_library_exceptions(service, tokens, tmp_path):
         assert not (tmp_path / "carol.jsonl").exists()
 
 
-def test_a_full_queue_a_rate_limit_and_a_slow_answer_raise_their_own_errors(tmp_path, minilm):
+def test_a_full_queue_a_rate_limit_and_a_slow_answer_raise_their_own_errors(tmp_path, hashing_embedder):
     slow = ChatServer(lambda body, attempt: Sleep(3.0, respond(body, attempt)))
     settings = llm_settings(
         slow,
@@ -246,7 +246,7 @@ def test_a_full_queue_a_rate_limit_and_a_slow_answer_raise_their_own_errors(tmp_
         },
     )
     try:
-        with live_service(tmp_path / "memory.db", minilm, None, start_worker=False, **settings) as svc:
+        with live_service(tmp_path / "memory.db", hashing_embedder, None, start_worker=False, **settings) as svc:
             _, writer = svc.state.keys.create(["alice"], "write")
             _, searcher = svc.state.keys.create(["alice"], "read")
             _, asker = svc.state.keys.create(["alice"], "read")

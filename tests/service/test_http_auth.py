@@ -66,10 +66,10 @@ ROUTES = [
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory, minilm):
+def service(tmp_path_factory, hashing_embedder):
     with live_service(
         tmp_path_factory.mktemp("auth") / "memory.db",
-        minilm,
+        hashing_embedder,
         None,
         start_worker=False,
         **{"service.rate_limit_per_s": 1000.0, "service.rate_limit_burst": 1000},

@@ -58,8 +58,8 @@ def tiny_llm(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory, minilm, tiny_llm):
-    with live_service(tmp_path_factory.mktemp("routes") / "memory.db", minilm, tiny_llm, **FAST) as svc:
+def service(tmp_path_factory, hashing_embedder, tiny_llm):
+    with live_service(tmp_path_factory.mktemp("routes") / "memory.db", hashing_embedder, tiny_llm, **FAST) as svc:
         yield svc
 
 
@@ -309,10 +309,10 @@ def test_access_log_names_route_status_and_key_but_no_text(service, tokens, capl
     assert not any(secret_text in line or tokens["write"] in line or "kind=episode" in line for line in lines)
 
 
-def test_rate_limit_answers_429_with_retry_after(tmp_path, minilm, tiny_llm):
+def test_rate_limit_answers_429_with_retry_after(tmp_path, hashing_embedder, tiny_llm):
     with live_service(
         tmp_path / "memory.db",
-        minilm,
+        hashing_embedder,
         tiny_llm,
         start_worker=False,
         **{"service.rate_limit_per_s": 1.0, "service.rate_limit_burst": 3},
@@ -331,9 +331,9 @@ def test_rate_limit_answers_429_with_retry_after(tmp_path, minilm, tiny_llm):
             assert client.get("/v1/namespaces/alice/stats").status_code == 200
 
 
-def test_a_full_queue_answers_503_and_stores_nothing(tmp_path, minilm, tiny_llm):
+def test_a_full_queue_answers_503_and_stores_nothing(tmp_path, hashing_embedder, tiny_llm):
     with live_service(
-        tmp_path / "memory.db", minilm, tiny_llm, start_worker=False, **{"service.max_pending_sessions": 2}
+        tmp_path / "memory.db", hashing_embedder, tiny_llm, start_worker=False, **{"service.max_pending_sessions": 2}
     ) as svc:
         token = svc.state.keys.create(["alice"], "write")[1]
         with svc.client(token) as client:
@@ -348,9 +348,9 @@ def test_a_full_queue_answers_503_and_stores_nothing(tmp_path, minilm, tiny_llm)
             assert client.post("/v1/namespaces/alice/sessions", json=session_body("q2", ["two"])).status_code == 202
 
 
-def test_ask_answers_504_when_the_llm_stays_busy(tmp_path, minilm, tiny_llm):
+def test_ask_answers_504_when_the_llm_stays_busy(tmp_path, hashing_embedder, tiny_llm):
     with live_service(
-        tmp_path / "memory.db", minilm, tiny_llm, start_worker=False, **{"service.ask_timeout_s": 0.5}
+        tmp_path / "memory.db", hashing_embedder, tiny_llm, start_worker=False, **{"service.ask_timeout_s": 0.5}
     ) as svc:
         token = svc.state.keys.create(["alice"], "read")[1]
         with svc.state.llm.lock, svc.client(token) as client:  # the LLM busy (as if curating) all along
@@ -361,9 +361,9 @@ def test_ask_answers_504_when_the_llm_stays_busy(tmp_path, minilm, tiny_llm):
     assert 0.4 < waited < 5
 
 
-def test_no_auth_mode_serves_without_a_key(tmp_path, minilm, tiny_llm):
+def test_no_auth_mode_serves_without_a_key(tmp_path, hashing_embedder, tiny_llm):
     with (
-        live_service(tmp_path / "memory.db", minilm, tiny_llm, start_worker=False, require_auth=False) as svc,
+        live_service(tmp_path / "memory.db", hashing_embedder, tiny_llm, start_worker=False, require_auth=False) as svc,
         svc.client() as client,
     ):
         response = client.post("/v1/namespaces/anyone/memories", json={"tuples": [TUPLES[0]]})
@@ -388,9 +388,11 @@ def test_ask_with_the_default_smollm2(tmp_path, minilm):
     assert "Biscuit" in [getattr(m, "title", None) for m in answer.cited]
 
 
-def test_ask_without_a_usable_llm_answers_503_naming_the_problem(tmp_path, minilm):
+def test_ask_without_a_usable_llm_answers_503_naming_the_problem(tmp_path, hashing_embedder):
     missing = tmp_path / "no-such-model.gguf"
-    with live_service(tmp_path / "memory.db", minilm, None, start_worker=False, **{"llm.path": str(missing)}) as svc:
+    with live_service(
+        tmp_path / "memory.db", hashing_embedder, None, start_worker=False, **{"llm.path": str(missing)}
+    ) as svc:
         token = svc.state.keys.create(["alice"], "read")[1]
         with svc.client(token) as client:
             response = client.post("/v1/namespaces/alice/ask", json={"question": "Where does Alice live?"})

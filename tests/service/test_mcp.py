@@ -198,14 +198,15 @@ def test_stdio_server_lists_and_calls_every_tool_in_its_fixed_namespace(tmp_path
     for dotted, value in llm_settings(chat_server).items():
         section, key = dotted.split(".", 1)
         settings.setdefault(section, {})[key] = value
+    settings["embedder"] = {"backend": "hashing"}  # the server process loads no model
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(settings))
     db = tmp_path / "memory.db"
     server = StdioServerParameters(
         command=str(Path(sys.executable).parent / "hybridmem"),
         args=["mcp", "--namespace", "alice", "--db", str(db), "--config", str(config)],
-        # One torch thread: the test shares two cores with the server; offline like every test; this
-        # checkout's package, not the one the venv has installed.
+        # One torch thread: the test shares two cores with the server; offline like every test;
+        # this checkout's package, not the one installed.
         env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)},
         cwd=REPO,
     )
@@ -234,11 +235,11 @@ def test_stdio_server_lists_and_calls_every_tool_in_its_fixed_namespace(tmp_path
         store.close()
 
 
-def test_ask_without_a_usable_llm_is_a_not_ready_tool_error(tmp_path, minilm):
+def test_ask_without_a_usable_llm_is_a_not_ready_tool_error(tmp_path, hashing_embedder):
     """The same code as the HTTP API's 503 (the MCP tools had none for it)."""
     missing = tmp_path / "no-such-model.gguf"
     config = load_config(None, {"llm.path": str(missing)})
-    state = ServiceState(tmp_path / "memory.db", config, embedder=minilm, start_worker=False)
+    state = ServiceState(tmp_path / "memory.db", config, embedder=hashing_embedder, start_worker=False)
     state.open()
 
     async def main() -> Any:
@@ -270,9 +271,9 @@ def test_stdio_server_refuses_a_bad_namespace_before_starting(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def http_service(tmp_path_factory, minilm, chat_server):
+def http_service(tmp_path_factory, hashing_embedder, chat_server):
     db = tmp_path_factory.mktemp("mcp-http") / "memory.db"
-    state = ServiceState(db, load_config(None, llm_settings(chat_server)), embedder=minilm)
+    state = ServiceState(db, load_config(None, llm_settings(chat_server)), embedder=hashing_embedder)
     state.open()
     try:
         with ThreadedServer(create_app(state)) as server:
@@ -389,11 +390,14 @@ def test_http_mcp_without_a_valid_key_is_refused_before_any_tool_runs(http_servi
     assert response.json()["result"]["serverInfo"]["name"] == "hybridmem"
 
 
-def test_http_without_auth_accepts_only_loopback_hosts_and_origins(tmp_path, minilm, chat_server):
+def test_http_without_auth_accepts_only_loopback_hosts_and_origins(tmp_path, hashing_embedder, chat_server):
     """Under --no-auth no key guards /mcp, so the Host and Origin checks against DNS rebinding do:
     a web page that rebinds its own name to 127.0.0.1 must not reach the tools."""
     state = ServiceState(
-        tmp_path / "memory.db", load_config(None, llm_settings(chat_server)), embedder=minilm, start_worker=False
+        tmp_path / "memory.db",
+        load_config(None, llm_settings(chat_server)),
+        embedder=hashing_embedder,
+        start_worker=False,
     )
     state.open()
     initialize = {

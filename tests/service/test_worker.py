@@ -100,7 +100,7 @@ def chat_server():
 
 
 @pytest.mark.parametrize("batch_sessions", [6, 3])
-def test_one_batched_llm_call_curates_sessions_of_several_namespaces(tmp_path, minilm, batch_sessions):
+def test_one_batched_llm_call_curates_sessions_of_several_namespaces(tmp_path, hashing_embedder, batch_sessions):
     # The server holds every request until `batch_sessions` of them are in flight at once: a
     # batch sent one request at a time would break the barrier and fail its sessions.
     server = ChatServer(answer_or_curate(lambda body: Barrier(curation_reply(body))), barrier_parties=batch_sessions)
@@ -108,7 +108,9 @@ def test_one_batched_llm_call_curates_sessions_of_several_namespaces(tmp_path, m
     sessions = sessions_of("alice") + sessions_of("bob", first=11) + sessions_of("carol", first=21)
     try:
         with ServiceState(
-            tmp_path / "m.db", config_for(server, **{"curation.batch_sessions": batch_sessions}), embedder=minilm
+            tmp_path / "m.db",
+            config_for(server, **{"curation.batch_sessions": batch_sessions}),
+            embedder=hashing_embedder,
         ) as state:
             state.enqueue(sessions)
             wait_until(lambda: state.worker.status().pending == 0, what="the queue to drain")
@@ -128,7 +130,7 @@ def test_one_batched_llm_call_curates_sessions_of_several_namespaces(tmp_path, m
     }
 
 
-def test_failed_sessions_become_curation_failed_and_the_worker_goes_on(tmp_path, minilm):
+def test_failed_sessions_become_curation_failed_and_the_worker_goes_on(tmp_path, hashing_embedder):
     # bob's sessions (s11, s12) get HTTP 400 for their windows (never retried); the others a good reply.
     server = ChatServer(
         answer_or_curate(lambda body: Status(400) if session_key(body) in ("s11", "s12") else curation_reply(body))
@@ -137,7 +139,7 @@ def test_failed_sessions_become_curation_failed_and_the_worker_goes_on(tmp_path,
     later = sessions_of("carol", each=1)
     try:
         with ServiceState(
-            tmp_path / "m.db", config_for(server, **{"curation.batch_sessions": 4}), embedder=minilm
+            tmp_path / "m.db", config_for(server, **{"curation.batch_sessions": 4}), embedder=hashing_embedder
         ) as state:
             state.enqueue(first)
             wait_until(lambda: state.worker.status().pending == 0, what="the first sessions")
@@ -157,9 +159,9 @@ def test_failed_sessions_become_curation_failed_and_the_worker_goes_on(tmp_path,
     assert (status.sessions_curated, status.sessions_failed, status.batches) == (3, 2, 2)
 
 
-def test_scheduled_consolidation_runs_for_the_namespaces_that_are_due(tmp_path, minilm, chat_server):
+def test_scheduled_consolidation_runs_for_the_namespaces_that_are_due(tmp_path, hashing_embedder, chat_server):
     config = config_for(chat_server, **{"consolidation.every_n_sessions": 2, "curation.batch_sessions": 8})
-    with ServiceState(tmp_path / "m.db", config, embedder=minilm) as state:
+    with ServiceState(tmp_path / "m.db", config, embedder=hashing_embedder) as state:
         state.enqueue(sessions_of("alice", each=2) + sessions_of("bob", each=1))
         wait_until(lambda: state.worker.status().batches == 1, what="the batch")
         status = state.worker.status()
@@ -178,14 +180,14 @@ def test_scheduled_consolidation_runs_for_the_namespaces_that_are_due(tmp_path, 
 # --------------------------------------------------------------------------- stop and restart
 
 
-def test_a_batch_abandoned_in_the_llm_is_never_written_and_a_restart_curates_it_once(tmp_path, minilm):
+def test_a_batch_abandoned_in_the_llm_is_never_written_and_a_restart_curates_it_once(tmp_path, hashing_embedder):
     llm_s = 2.0
     server = ChatServer(answer_or_curate(lambda body: Sleep(llm_s, curation_reply(body))))
     db = tmp_path / "m.db"
     sessions = sessions_of("alice", "bob", each=1)
     try:
         config = config_for(server, **{"curation.batch_sessions": 4})
-        state = ServiceState(db, config, embedder=minilm)
+        state = ServiceState(db, config, embedder=hashing_embedder)
         state.open()
         state.enqueue(sessions)
         wait_until(lambda: len(server.requests) == len(sessions), what="the batch to reach the LLM")
@@ -195,7 +197,7 @@ def test_a_batch_abandoned_in_the_llm_is_never_written_and_a_restart_curates_it_
         assert {s for s, _, _ in session_rows(db).values()} == {"pending"}
         assert all(n == 0 for _, _, n in session_rows(db).values())
 
-        with ServiceState(db, config, embedder=minilm) as state:
+        with ServiceState(db, config, embedder=hashing_embedder) as state:
             wait_until(lambda: state.worker.status().pending == 0, what="the restart to curate")
             # The abandoned call's replies were kept by the call cache: nothing is asked twice.
             assert len(server.requests) == len(sessions)
@@ -209,12 +211,12 @@ def test_a_batch_abandoned_in_the_llm_is_never_written_and_a_restart_curates_it_
     assert len(rows) == 3 and all(v == ("curated", None, MEMORIES_PER_SESSION) for v in rows.values()), rows
 
 
-def test_a_session_curated_meanwhile_is_skipped_not_stored_twice(tmp_path, minilm, chat_server):
+def test_a_session_curated_meanwhile_is_skipped_not_stored_twice(tmp_path, hashing_embedder, chat_server):
     config = config_for(chat_server)
     [session] = sessions_of("alice", each=1)
     with (
-        HybridMemory.open(tmp_path / "m.db", config, embedder=minilm) as first,
-        HybridMemory.open(tmp_path / "m.db", config, embedder=minilm) as second,
+        HybridMemory.open(tmp_path / "m.db", config, embedder=hashing_embedder) as first,
+        HybridMemory.open(tmp_path / "m.db", config, embedder=hashing_embedder) as second,
     ):
         first.store.insert_session(session, curation_status="pending")
         # Both curators read the session while it was pending; the first one stores it.
@@ -227,9 +229,9 @@ def test_a_session_curated_meanwhile_is_skipped_not_stored_twice(tmp_path, minil
 # --------------------------------------------------------------------------- queue and ask
 
 
-def test_enqueue_stores_all_or_nothing(tmp_path, minilm, chat_server):
+def test_enqueue_stores_all_or_nothing(tmp_path, hashing_embedder, chat_server):
     config = config_for(chat_server, **{"service.max_pending_sessions": 4})
-    with ServiceState(tmp_path / "m.db", config, embedder=minilm, start_worker=False) as state:
+    with ServiceState(tmp_path / "m.db", config, embedder=hashing_embedder, start_worker=False) as state:
         records = state.enqueue(sessions_of("alice", each=2))
         assert [r.curation_status for r in records] == ["pending", "pending"]
         with pytest.raises(QueueFullError, match="max_pending_sessions=4"):
@@ -242,12 +244,12 @@ def test_enqueue_stores_all_or_nothing(tmp_path, minilm, chat_server):
     assert set(session_rows(tmp_path / "m.db")) == {("alice", "s1"), ("alice", "s2")}
 
 
-def test_ask_times_out_while_curation_holds_the_llm_then_answers(tmp_path, minilm):
+def test_ask_times_out_while_curation_holds_the_llm_then_answers(tmp_path, hashing_embedder):
     curation_s, timeout_s = 8.0, 2.0
     server = ChatServer(answer_or_curate(lambda body: Sleep(curation_s, curation_reply(body))))
     try:
         config = config_for(server, **{"service.ask_timeout_s": timeout_s})
-        with ServiceState(tmp_path / "m.db", config, embedder=minilm) as state:
+        with ServiceState(tmp_path / "m.db", config, embedder=hashing_embedder) as state:
             state.enqueue(sessions_of("alice", each=1))
             wait_until(lambda: len(server.requests) == 1, what="curation to reach the LLM")
             started = time.monotonic()
