@@ -45,7 +45,7 @@ from hybridmem_local.errors import (
     WorkerStopped,
 )
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.model_registry import ModelVerificationError
+from hybridmem_local.models.registry import ModelVerificationError
 from hybridmem_local.schema import (
     CurationResult,
     Episode,

@@ -34,10 +34,10 @@ from hybridmem_local.schema import (
 )
 
 if TYPE_CHECKING:
-    from hybridmem_local.answering import Answer
-    from hybridmem_local.consolidation import ConsolidationReport, UndoReport
+    from hybridmem_local.answering.answerer import Answer
+    from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
     from hybridmem_local.memory import Stats
-    from hybridmem_local.store import Event, SessionRecord
+    from hybridmem_local.storage.store import Event, SessionRecord
 
 
 class MemoryAPI(Protocol):

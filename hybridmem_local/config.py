@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hybridmem_local.errors import ConfigError
-from hybridmem_local.readers import read_yaml_mapping
+from hybridmem_local.files.readers import read_yaml_mapping
 
 
 class _Section(BaseModel):

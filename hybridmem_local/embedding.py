@@ -38,7 +38,7 @@ class SentenceTransformerEmbedder:
     """sentence-transformers model loaded from a local directory, on CPU or CUDA."""
 
     def __init__(self, path: Path, model_id: str, batch_size: int = 64, device: str = "auto"):
-        from hybridmem_local.offline import enforce_offline
+        from hybridmem_local.models.offline import enforce_offline
 
         enforce_offline()
         import torch
@@ -120,7 +120,7 @@ class HashingEmbedder:
 
 
 def _build_sentence_transformers(config: EmbedderConfig) -> Embedder:
-    from hybridmem_local.model_registry import resolve_model
+    from hybridmem_local.models.registry import resolve_model
 
     resolved = resolve_model(config.model, explicit_path=config.path)
     return SentenceTransformerEmbedder(resolved.path, config.model, config.batch_size, config.device)

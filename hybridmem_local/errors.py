@@ -6,7 +6,7 @@
         print(exc.code, exc)            # "not_found", "no memory with id 7"
 
 Each class has a stable ``code`` (a class attribute). The HTTP API, the MCP tools and
-:class:`~hybridmem_local.client.HybridMemoryClient` all report an error by its code, through the
+:class:`~hybridmem_local.service.client.HybridMemoryClient` all report an error by its code, through the
 one table :data:`ERROR_CODES`: code → HTTP status, and code → the class a client raises. So
 ``memory.get(7)`` raises ``NotFoundError`` in-process, the service answers 404 ``not_found``, an
 MCP tool call fails with ``not_found: ...``, and the client raises ``NotFoundError`` again.

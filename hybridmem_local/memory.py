@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hybridmem_local.config import Config, load_config
-from hybridmem_local.dedup import fold_repeats, plan_duplicates
+from hybridmem_local.curation.dedup import fold_repeats, plan_duplicates
 from hybridmem_local.embedding import Embedder, build_embedder
 from hybridmem_local.errors import (
     AlreadyCuratedError,
@@ -35,11 +35,12 @@ from hybridmem_local.errors import (
     NotFoundError,
     QueueFullError,
 )
-from hybridmem_local.files import owner_only_opener
-from hybridmem_local.index import SyncReport
-from hybridmem_local.indexes import StoreIndexes
+from hybridmem_local.files.paths import owner_only_opener
+from hybridmem_local.indexes.store_indexes import StoreIndexes
+from hybridmem_local.indexes.vectors import SyncReport
+from hybridmem_local.indexes.windows import with_source_turns
 from hybridmem_local.llm.base import StructuredLLM
-from hybridmem_local.retrieval import Retriever, SearchFilters
+from hybridmem_local.retrieval.retriever import Retriever, SearchFilters
 from hybridmem_local.schema import (
     Episode,
     EpisodeDraft,
@@ -53,15 +54,14 @@ from hybridmem_local.schema import (
     check_namespace,
     utcnow,
 )
-from hybridmem_local.store import Event, MemoryStore, SessionRecord, text_hash
+from hybridmem_local.storage.store import Event, MemoryStore, SessionRecord, text_hash
 from hybridmem_local.usage import LLMUsage
-from hybridmem_local.windows import with_source_turns
 
 if TYPE_CHECKING:
-    from hybridmem_local.answering import Answer, AnswerOptions, PreparedAnswer
-    from hybridmem_local.clustering import Clusterer
-    from hybridmem_local.consolidation import ConsolidationReport, PurgeReport, UndoReport
-    from hybridmem_local.curation import CurationOutcome
+    from hybridmem_local.answering.answerer import Answer, AnswerOptions, PreparedAnswer
+    from hybridmem_local.consolidation.clustering import Clusterer
+    from hybridmem_local.consolidation.planner import ConsolidationReport, PurgeReport, UndoReport
+    from hybridmem_local.curation.curator import CurationOutcome
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ class HybridMemory:
         report: IngestReport,
         on_progress: ProgressCallback | None,
     ) -> dict[tuple[str, str], list[int]]:
-        from hybridmem_local.curation import Curator
+        from hybridmem_local.curation.curator import Curator
 
         curator = Curator(self.llm, self.config.llm, self.config.curation, embed=self.embedder.embed)
         batch = self.config.curation.batch_sessions
@@ -563,7 +563,7 @@ class HybridMemory:
         clustering (memory ids grouped per store: replays, tests). A dry run returns the plan and
         changes no memory, event, run or counter.
         """
-        from hybridmem_local.consolidation import plan_consolidation
+        from hybridmem_local.consolidation.planner import plan_consolidation
 
         report = plan_consolidation(
             self.indexes,
@@ -591,7 +591,7 @@ class HybridMemory:
         (action ``merge``), each deletion a status change, all events carrying the run id, the
         namespace's session count reset. A group whose memories were changed since planning is
         skipped, not the run. Returns the report, now of the applied run."""
-        from hybridmem_local.consolidation import SkippedGroup, count_outcome, run_params, stored_merge
+        from hybridmem_local.consolidation.planner import SkippedGroup, count_outcome, run_params, stored_merge
 
         plan = report.plan
         if plan is None or report.run_id is not None:
@@ -650,7 +650,7 @@ class HybridMemory:
         a later run: undo that one first) or purged. With ``namespace``, only a run of that
         namespace is undone (NotFoundError otherwise).
         """
-        from hybridmem_local.consolidation import UndoReport, plan_undo
+        from hybridmem_local.consolidation.planner import UndoReport, plan_undo
 
         if namespace is not None:
             try:
@@ -688,7 +688,7 @@ class HybridMemory:
         purged memory can no longer be undone. Freed pages are vacuumed and the namespace's index
         files rebuilt, so no copy of the purged text or vectors stays on disk.
         """
-        from hybridmem_local.consolidation import PurgeReport
+        from hybridmem_local.consolidation.planner import PurgeReport
 
         check_namespace(namespace)
         if older_than < timedelta(0):
@@ -770,7 +770,7 @@ class HybridMemory:
         """Everything of ``answer`` but the LLM call: its retrieval and its settings. ``answer`` is
         ``prepare_answer(...).run(self.llm)``; the service retrieves under its store lock and makes
         the call outside it, so a slow model holds up no other request."""
-        from hybridmem_local.answering import PreparedAnswer
+        from hybridmem_local.answering.answerer import PreparedAnswer
 
         return PreparedAnswer(
             question=question,
@@ -787,7 +787,7 @@ class HybridMemory:
         k: int | None = None,
     ) -> list[Answer]:
         """Answer several questions in one batched LLM call: each retrieves as ``answer`` does."""
-        from hybridmem_local.answering import answer_many
+        from hybridmem_local.answering.answerer import answer_many
 
         results = [self.answer_search(question, namespace=namespace, k=k) for question in questions]
         options = self.answer_options()
@@ -812,7 +812,7 @@ class HybridMemory:
 
     def answer_options(self) -> AnswerOptions:
         """How this config answers: thinking, context budget, JSON or text, the text answers' citer."""
-        from hybridmem_local.answering import AnswerOptions, citer_for
+        from hybridmem_local.answering.answerer import AnswerOptions, citer_for
 
         return AnswerOptions(
             enable_thinking=self.config.llm.enable_thinking,
@@ -890,7 +890,7 @@ class HybridMemory:
 
     def import_(self, path: str | Path, namespace: str | None = None) -> dict[str, int]:
         """Load a JSONL export (optionally into another namespace) in one transaction."""
-        from hybridmem_local.ingest import read_export
+        from hybridmem_local.files.sessions import read_export
 
         sessions, memories = read_export(Path(path), namespace)
         target = {m.namespace for m in memories} | {s.session.namespace for s in sessions}

@@ -1,7 +1,7 @@
 """Provenance alignment on LoCoMo: observation facts aligned to their session, scored against gold.
 
 LoCoMo's ``observation`` facts each name the turns (``dia_id``) they were written from. Here
-every fact is given to :func:`hybridmem_local.provenance.align` WITHOUT its ids, as a curated
+every fact is given to :func:`hybridmem_local.text.alignment.align` WITHOUT its ids, as a curated
 memory whose model cited nothing usable (title = speaker, details = the fact, as the other
 benches store them), with its whole session as the candidate turns (a curation window is at
 most a session). The turns chosen are compared with the gold ids:
@@ -33,8 +33,8 @@ from rich.table import Table
 from hybridmem_local.config import CurationConfig, EmbedderConfig
 from hybridmem_local.embedding import build_embedder
 from hybridmem_local.eval.locomo import load_locomo, normalise_evidence
-from hybridmem_local.provenance import AlignmentSettings, alignment_scores, memory_text, select
 from hybridmem_local.schema import EpisodeDraft, Session, turn_line
+from hybridmem_local.text.alignment import AlignmentSettings, alignment_scores, memory_text, select
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"

@@ -45,7 +45,7 @@ from hybridmem_local.eval.locomo import load_locomo  # noqa: E402
 from hybridmem_local.eval.options import RunOptions  # noqa: E402
 from hybridmem_local.llm import build_llm  # noqa: E402
 from hybridmem_local.memory import HybridMemory  # noqa: E402
-from hybridmem_local.retrieval import format_context  # noqa: E402
+from hybridmem_local.retrieval.retriever import format_context  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"

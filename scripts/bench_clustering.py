@@ -31,8 +31,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from hybridmem_local.clustering import CPUClusterer, CumlClusterer
 from hybridmem_local.config import ConsolidationConfig
+from hybridmem_local.consolidation.clustering import CPUClusterer, CumlClusterer
 
 DIM = 384
 BLOB_FRACTION = 0.8

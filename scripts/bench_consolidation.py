@@ -35,13 +35,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from hybridmem_local.clustering import make_clusterer
 from hybridmem_local.config import load_config
-from hybridmem_local.consolidation import KINDS
+from hybridmem_local.consolidation.clustering import make_clusterer
+from hybridmem_local.consolidation.planner import KINDS
 from hybridmem_local.llm import build_llm
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import EpisodeDraft
-from hybridmem_local.store import MemoryStore
+from hybridmem_local.storage.store import MemoryStore
 
 console = Console()
 

@@ -38,9 +38,9 @@ MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder
 
 
 def _sessions(locomo: Path, per_conversation: int, demo: bool):
-    from hybridmem_local.cli import DEMO_SESSIONS
+    from hybridmem_local.cli.main import DEMO_SESSIONS
     from hybridmem_local.eval.locomo import load_locomo
-    from hybridmem_local.ingest import read_sessions_jsonl
+    from hybridmem_local.files.sessions import read_sessions_jsonl
 
     sessions = read_sessions_jsonl(DEMO_SESSIONS, "demo") if demo else []
     if per_conversation:
@@ -54,11 +54,11 @@ def run_one(model: str, args: argparse.Namespace, overrides: dict) -> dict:
     import os
 
     from hybridmem_local.config import load_config
-    from hybridmem_local.curation import Curator
+    from hybridmem_local.curation.curator import Curator
     from hybridmem_local.embedding import build_embedder
     from hybridmem_local.llm import build_llm
-    from hybridmem_local.model_registry import resolve_model
-    from hybridmem_local.offline import enforce_offline
+    from hybridmem_local.models.offline import enforce_offline
+    from hybridmem_local.models.registry import resolve_model
 
     enforce_offline()
     config = load_config(None, {"llm.model": model, "llm.n_threads": args.threads, **overrides})
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    from hybridmem_local.cli_common import parse_overrides
+    from hybridmem_local.cli.common import parse_overrides
 
     overrides = parse_overrides(args.overrides)
     rows = []

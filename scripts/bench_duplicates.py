@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hybridmem_local.config import CurationConfig, EmbedderConfig
-from hybridmem_local.dedup import content_key, numbers
+from hybridmem_local.curation.dedup import content_key, numbers
 from hybridmem_local.embedding import build_embedder
 from hybridmem_local.schema import EpisodeDraft
 

@@ -177,7 +177,7 @@ def token_counter_llm(llm_config: LLMConfig):
 
 
 def bench_windows(sessions: list[Session], llm, llm_config: LLMConfig) -> dict:
-    from hybridmem_local.curation import Curator
+    from hybridmem_local.curation.curator import Curator
 
     curator = Curator(llm, llm_config, CurationConfig())
     windows = [len(curator.windows(session)) for session in sessions]

@@ -48,13 +48,13 @@ from rich.console import Console
 from rich.table import Table
 
 from hybridmem_local.config import EmbedderConfig, RetrievalConfig, load_config
-from hybridmem_local.curation import EpisodeReply, TupleReply, episode_problem, tuple_problem
-from hybridmem_local.dedup import content_key
+from hybridmem_local.curation.curator import EpisodeReply, TupleReply, episode_problem, tuple_problem
+from hybridmem_local.curation.dedup import content_key
 from hybridmem_local.embedding import build_embedder
 from hybridmem_local.eval.locomo import LocomoConversation, load_locomo, normalise_evidence
-from hybridmem_local.lexical import LexicalIndex
+from hybridmem_local.indexes.bm25 import LexicalIndex
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.retrieval import format_context, fuse
+from hybridmem_local.retrieval.retriever import format_context, fuse
 from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def load_counter(model: str):
     """``count_tokens`` of a manifest model's tokenizer (GGUF models through transformers)."""
     from transformers import AutoTokenizer
 
-    from hybridmem_local.model_registry import resolve_model
+    from hybridmem_local.models.registry import resolve_model
 
     resolved = resolve_model(model)
     if resolved.path.suffix == ".gguf":

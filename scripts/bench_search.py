@@ -197,7 +197,7 @@ def bench_ann(
     vectors: np.ndarray, queries: np.ndarray, k: int = 10, depth: int = 100, ef_sweep: tuple[int, ...] = (100, 200)
 ) -> dict:
     from hybridmem_local.config import IndexConfig
-    from hybridmem_local.index import VectorIndex
+    from hybridmem_local.indexes.vectors import VectorIndex
 
     config = IndexConfig()
     with tempfile.TemporaryDirectory() as folder:
@@ -258,7 +258,7 @@ def build_store(
     """A store of len(vectors) memories whose cached vectors are ``vectors`` (nothing embedded)."""
     from hybridmem_local.memory import _as_stored
     from hybridmem_local.schema import EpisodeDraft, TupleDraft
-    from hybridmem_local.store import MemoryStore
+    from hybridmem_local.storage.store import MemoryStore
 
     drafts = []
     for i, source in enumerate(sources.tolist()):
@@ -307,9 +307,9 @@ def build_turns(
     windows of the default shape, and put a vector for each window's text in the embedding cache:
     the normalised sum of paraphrase vectors of its turns' LoCoMo sources (nothing embedded)."""
     from hybridmem_local.config import RetrievalConfig
+    from hybridmem_local.indexes.windows import load_windows
     from hybridmem_local.schema import Session, Turn
-    from hybridmem_local.store import MemoryStore
-    from hybridmem_local.windows import load_windows
+    from hybridmem_local.storage.store import MemoryStore
 
     rng = np.random.default_rng(seed)
     sources = rng.integers(0, len(turns), n)
@@ -406,7 +406,7 @@ class _TimedIndexes:
 
 
 def instrumented_retriever(memory, timer: StageTimer):
-    from hybridmem_local.retrieval import Retriever
+    from hybridmem_local.retrieval.retriever import Retriever
 
     return Retriever(_TimedStore(memory.store, timer), _TimedIndexes(memory.indexes, timer), memory.config.retrieval)
 
@@ -414,7 +414,7 @@ def instrumented_retriever(memory, timer: StageTimer):
 def one_by_one_retriever(memory):
     """The reference: a Retriever that ranks the stores one after the other on the calling
     thread, after the embedding (the library's search before its ranking threads)."""
-    from hybridmem_local.retrieval import Retriever
+    from hybridmem_local.retrieval.retriever import Retriever
 
     class OneByOne(Retriever):
         def _start(self, *args, **kwargs) -> None:  # nothing started: _rank ranks each store itself

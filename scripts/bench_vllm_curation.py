@@ -78,10 +78,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from hybridmem_local.config import LLMConfig, load_config
-    from hybridmem_local.curation import Curator
+    from hybridmem_local.curation.curator import Curator
     from hybridmem_local.eval.locomo import load_locomo
     from hybridmem_local.llm import build_llm
-    from hybridmem_local.offline import enforce_offline
+    from hybridmem_local.models.offline import enforce_offline
 
     enforce_offline()
     conversations = load_locomo(args.locomo).conversations

@@ -15,7 +15,7 @@ and on the air-gapped one::
 See docs/airgapped.md.
 """
 
-from hybridmem_local.cli_models import app
+from hybridmem_local.cli.models import app
 
 if __name__ == "__main__":
     app(prog_name="download_models.py")

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from hybridmem_local.answering import (
+from hybridmem_local.answering.answerer import (
     ANSWER_MAX_NEW_TOKENS,
     ANSWER_TEXT_MAX_NEW_TOKENS,
     AnswerDraft,
@@ -27,7 +27,7 @@ from hybridmem_local.config import AnsweringConfig, load_config
 from hybridmem_local.errors import LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
-from hybridmem_local.retrieval import format_context
+from hybridmem_local.retrieval.retriever import format_context
 from hybridmem_local.schema import Episode, Hit, RelationalTuple, SearchResult
 
 QUESTION_DATE = datetime(2023, 6, 20, 9, 15, tzinfo=timezone.utc)

@@ -9,8 +9,8 @@ import inspect
 import pytest
 
 from hybridmem_local.api import MemoryAPI
-from hybridmem_local.client import HybridMemoryClient
 from hybridmem_local.memory import HybridMemory
+from hybridmem_local.service.client import HybridMemoryClient
 
 #: The protocol's methods (its own members, not Protocol's machinery).
 METHODS = sorted(

@@ -9,8 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from hybridmem_local.cli import app
-from hybridmem_local.cli_common import parse_overrides
+from hybridmem_local.cli.common import parse_overrides
+from hybridmem_local.cli.main import app
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
 from tests.conftest import HASHING_CONFIG

@@ -16,9 +16,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from hybridmem_local import clustering
-from hybridmem_local.clustering import AutoClusterer, ClusteringResult, CPUClusterer, CumlClusterer, make_clusterer
 from hybridmem_local.config import ConsolidationConfig
+from hybridmem_local.consolidation import clustering
+from hybridmem_local.consolidation.clustering import (
+    AutoClusterer,
+    ClusteringResult,
+    CPUClusterer,
+    CumlClusterer,
+    make_clusterer,
+)
 from hybridmem_local.errors import ClusteringError
 
 # Four facts, each told twelve ways: what a long dialogue leaves behind as near-duplicates.
@@ -170,7 +176,7 @@ def test_importing_the_module_loads_no_heavy_library():
     probe = (
         "import sys, hybridmem_local\n"
         "before = {name.split('.')[0] for name in sys.modules}\n"
-        "import hybridmem_local.clustering\n"
+        "import hybridmem_local.consolidation.clustering\n"
         "added = {name.split('.')[0] for name in sys.modules} - before\n"
         "heavy = {'umap', 'pynndescent', 'numba', 'sklearn', 'hdbscan', 'cuml', 'cupy', 'torch'}\n"
         "print(sorted(heavy & added))\n"
@@ -322,7 +328,7 @@ def test_fakes_accept_exactly_the_real_cuml_keywords():
 
 
 def test_auto_uses_cuml_when_it_imports_and_a_device_is_visible(fake_cuml, caplog):
-    caplog.set_level(logging.INFO, logger="hybridmem_local.clustering")
+    caplog.set_level(logging.INFO, logger="hybridmem_local.consolidation.clustering")
     config = ConsolidationConfig(backend="auto")
     result = make_clusterer(config).cluster(_blobs())
 
@@ -357,7 +363,7 @@ def test_auto_uses_cuml_when_it_imports_and_a_device_is_visible(fake_cuml, caplo
 
 
 def test_auto_stays_on_cpu_without_a_visible_device(fake_cuml, monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="hybridmem_local.clustering")
+    caplog.set_level(logging.INFO, logger="hybridmem_local.consolidation.clustering")
     monkeypatch.setattr(clustering, "_cuda_device_visible", lambda: (False, "no CUDA device visible"))
     result = AutoClusterer().cluster(_blobs(1, per_blob=5))  # small: no UMAP needed to see the choice
 
@@ -367,7 +373,7 @@ def test_auto_stays_on_cpu_without_a_visible_device(fake_cuml, monkeypatch, capl
 
 
 def test_auto_stays_on_cpu_when_cuml_does_not_import(no_cuml, caplog):
-    caplog.set_level(logging.INFO, logger="hybridmem_local.clustering")
+    caplog.set_level(logging.INFO, logger="hybridmem_local.consolidation.clustering")
     result = AutoClusterer().cluster(_blobs(1, per_blob=5))
 
     assert result.backend == "cpu"
@@ -386,7 +392,7 @@ def test_auto_rejects_bad_input_instead_of_falling_back(fake_cuml):
 
 @pytest.mark.slow  # the CPU retry runs umap-learn: ~20 s of numba JIT on a cold process
 def test_auto_falls_back_to_cpu_when_cuml_fails_at_run_time(fake_cuml, caplog):
-    caplog.set_level(logging.INFO, logger="hybridmem_local.clustering")
+    caplog.set_level(logging.INFO, logger="hybridmem_local.consolidation.clustering")
     FakeCumlUMAP.failure = RuntimeError("CUDA error: out of memory")
     result = AutoClusterer().cluster(_blobs())
 

@@ -26,14 +26,14 @@ from pathlib import Path
 import pytest
 
 from hybridmem_local.config import LLMConfig, load_config
-from hybridmem_local.consolidation import ConsolidationReport, EpisodePlan, TuplePlan, plan_consolidation
+from hybridmem_local.consolidation.planner import ConsolidationReport, EpisodePlan, TuplePlan, plan_consolidation
 from hybridmem_local.errors import ConsolidationError, NotFoundError
 from hybridmem_local.llm.base import LLMRequest
 from hybridmem_local.llm.cache import CachedLLM
 from hybridmem_local.llm.replies import ChatBackend, Completion
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Episode, EpisodeDraft, MemoryStatus, RelationalTuple
-from hybridmem_local.store import text_hash
+from hybridmem_local.storage.store import text_hash
 from tests.factories import make_episode, make_session, make_tuple
 
 NS = "alice"
@@ -578,7 +578,7 @@ CHILD_STEP_SLEEP_S = 0.05
 
 def _child(db: str, cache: str, clusters: str, model_id: str, dim: str) -> None:
     """Apply the cached plan in a fresh process, printing a line after every status change."""
-    from hybridmem_local import store as store_module
+    from hybridmem_local.storage import store as store_module
 
     original = store_module.MemoryStore.set_status
 
@@ -728,7 +728,7 @@ def test_sigkill_during_apply_leaves_the_store_before_or_after_never_between(mem
 
 @pytest.mark.slow
 def test_real_clusterer_groups_planted_near_duplicates_and_maybe_consolidate_merges_them(tmp_path, minilm):
-    from hybridmem_local.clustering import CPUClusterer
+    from hybridmem_local.consolidation.clustering import CPUClusterer
 
     topics = {
         "Biscuit": [

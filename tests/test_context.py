@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from hybridmem_local.answering.context import assemble_context
 from hybridmem_local.config import load_config
-from hybridmem_local.context import assemble_context
+from hybridmem_local.indexes.windows import with_source_turns
 from hybridmem_local.schema import (
     Episode,
     EvidenceWindow,
@@ -19,8 +20,7 @@ from hybridmem_local.schema import (
     WindowHit,
     turn_line,
 )
-from hybridmem_local.store import MemoryStore
-from hybridmem_local.windows import with_source_turns
+from hybridmem_local.storage.store import MemoryStore
 from tests.factories import BASE_DATE, make_episode, make_tuple
 
 LINES = [

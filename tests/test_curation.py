@@ -19,7 +19,7 @@ import pytest
 
 import hybridmem_local
 from hybridmem_local.config import CurationConfig, LLMConfig
-from hybridmem_local.curation import CurationReply, Curator, normalise_timestamp, reply_schema
+from hybridmem_local.curation.curator import CurationReply, Curator, normalise_timestamp, reply_schema
 from hybridmem_local.errors import LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
@@ -557,7 +557,7 @@ def test_a_context_too_small_for_the_prompt_is_a_clear_error():
 
 
 def test_the_demo_sessions_read_and_carry_relative_dates_to_annotate():
-    from hybridmem_local.ingest import read_sessions_jsonl
+    from hybridmem_local.files.sessions import read_sessions_jsonl
 
     path = Path(hybridmem_local.__file__).parent / "examples" / "demo_sessions.jsonl"
     sessions = read_sessions_jsonl(path)
@@ -578,7 +578,7 @@ DEMO_REPLY = Path(__file__).parent / "fixtures" / "smollm2_demo_s1_reply.json"
 
 
 def demo_sessions() -> list[Session]:
-    from hybridmem_local.ingest import read_sessions_jsonl
+    from hybridmem_local.files.sessions import read_sessions_jsonl
 
     return read_sessions_jsonl(Path(hybridmem_local.__file__).parent / "examples" / "demo_sessions.jsonl")
 
@@ -728,8 +728,8 @@ def test_smollm2_windows_of_a_small_context_partition_the_session_in_one_call(sm
 def test_the_default_model_curates_the_facts_of_a_conversation(default_llm, minilm):
     """The embedded default writes memories worth having: tuples holding the named facts of the
     demo's first session and episodes keeping its numbers (issue #23; SmolLM2 wrote none)."""
-    from hybridmem_local.cli import DEMO_SESSIONS
-    from hybridmem_local.ingest import read_sessions_jsonl
+    from hybridmem_local.cli.main import DEMO_SESSIONS
+    from hybridmem_local.files.sessions import read_sessions_jsonl
 
     session = read_sessions_jsonl(DEMO_SESSIONS, "demo")[0]
     config = LLMConfig(n_threads=2, max_retries=0)

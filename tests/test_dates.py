@@ -6,7 +6,7 @@ from datetime import date, datetime, timedelta, timezone
 
 import pytest
 
-from hybridmem_local.dates import annotate_relative_dates
+from hybridmem_local.curation.dates import annotate_relative_dates
 
 MONDAY = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)  # LoCoMo conv-26, session 1
 NEW_YEAR_SUNDAY = datetime(2023, 1, 1, 10, 0, tzinfo=timezone.utc)

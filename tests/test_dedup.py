@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybridmem_local.dedup import content_key, numbers, plan_duplicates
+from hybridmem_local.curation.dedup import content_key, numbers, plan_duplicates
 from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple, TupleDraft
-from hybridmem_local.store import MemoryStore
+from hybridmem_local.storage.store import MemoryStore
 from tests.factories import make_episode, make_session, make_tuple
 
 THRESHOLD = 0.95

@@ -21,7 +21,7 @@ from hybridmem_local.errors import (
     RateLimitedError,
 )
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.model_registry import ModelVerificationError
+from hybridmem_local.models.registry import ModelVerificationError
 from hybridmem_local.schema import check_namespace
 from tests.conftest import REPO
 

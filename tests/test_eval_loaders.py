@@ -13,7 +13,7 @@ import pytest
 from hybridmem_local.errors import DatasetError
 from hybridmem_local.eval.locomo import load_locomo, parse_session_date
 from hybridmem_local.eval.longmemeval import load_longmemeval, namespace_for_question, parse_longmemeval_date
-from hybridmem_local.ingest import read_locomo_sessions
+from hybridmem_local.files.sessions import read_locomo_sessions
 from hybridmem_local.schema import NAMESPACE_PATTERN
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

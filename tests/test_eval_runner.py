@@ -344,7 +344,7 @@ def first_run(tmp_path_factory, e2e_config, locomo_path):
     """One real run through the CLI: ingest + curate 1 session, consolidate, 3 questions x 4 systems."""
     from typer.testing import CliRunner
 
-    from hybridmem_local.cli import app
+    from hybridmem_local.cli.main import app
 
     out = tmp_path_factory.mktemp("eval") / "run"
     result = CliRunner().invoke(

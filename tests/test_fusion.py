@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hybridmem_local.config import RetrievalConfig
-from hybridmem_local.fusion import reciprocal_rank_fusion
-from hybridmem_local.retrieval import fuse
+from hybridmem_local.retrieval.fusion import reciprocal_rank_fusion
+from hybridmem_local.retrieval.retriever import fuse
 from tests.factories import make_episode, make_session, make_tuple
 
 # ----------------------------------------------------------------------------- arithmetic

@@ -8,8 +8,8 @@ import time
 import numpy as np
 
 from hybridmem_local.config import IndexConfig
-from hybridmem_local.files import ORPHAN_GRACE_S
-from hybridmem_local.index import VectorIndex
+from hybridmem_local.files.paths import ORPHAN_GRACE_S
+from hybridmem_local.indexes.vectors import VectorIndex
 
 
 def _index(directory, n: int = 50) -> tuple[VectorIndex, np.ndarray, np.ndarray]:

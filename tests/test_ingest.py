@@ -8,7 +8,7 @@ import pytest
 
 from hybridmem_local.errors import InputFileError
 from hybridmem_local.eval.locomo import load_locomo
-from hybridmem_local.ingest import read_sessions_file, read_sessions_jsonl
+from hybridmem_local.files.sessions import read_sessions_file, read_sessions_jsonl
 from hybridmem_local.memory import HybridMemory
 
 
@@ -101,7 +101,7 @@ def test_bad_file_leaves_earlier_data_intact(tmp_path):
 
 def test_export_memory_record_without_id_is_rejected(tmp_path):
     """Imports map ``superseded_by`` through the exported ids, so a memory without one cannot be placed."""
-    from hybridmem_local.ingest import read_export
+    from hybridmem_local.files.sessions import read_export
 
     record = {"type": "memory", "kind": "tuple", "entity": "A", "relation": "likes", "object": "tea"}
     path = tmp_path / "export.jsonl"

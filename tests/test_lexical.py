@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from hybridmem_local.lexical import LexicalIndex, LexicalManifest, memory_text
+from hybridmem_local.indexes.bm25 import LexicalIndex, LexicalManifest, memory_text
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Episode, MemoryStatus, RelationalTuple
 from hybridmem_local.tokens import tokenize

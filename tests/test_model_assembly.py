@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridmem_local import model_registry
 from hybridmem_local.errors import AssemblyError, ModelNotFoundError
-from hybridmem_local.model_registry import Manifest, load_manifest, resolve_model
+from hybridmem_local.models import registry as model_registry
+from hybridmem_local.models.registry import Manifest, load_manifest, resolve_model
 
 PAYLOAD = bytes(range(256)) * 400 + b"GGUF tail"
 SLICES = [PAYLOAD[:60_000], PAYLOAD[60_000:]]
@@ -207,5 +207,5 @@ def test_the_shipped_qwen_entries_add_up_to_their_pinned_files():
         assert entry.files[0].size == size and entry.files[0].sha256 == digest
         assert entry.license == "apache-2.0" and entry.hub_id.startswith("Qwen/") and len(entry.revision) == 40
         assert [p.path for p in entry.assembled_from.parts] == [f"data/part{i:02d}.bin" for i in range(1, parts + 1)]
-    data = yaml.safe_load(Path(model_registry.__file__).resolve().parent.joinpath("models_manifest.yaml").read_text())
+    data = yaml.safe_load(Path(model_registry.__file__).resolve().parent.joinpath("manifest.yaml").read_text())
     assert {m["name"] for m in data["models"]} >= set(expected)

@@ -17,15 +17,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hybridmem_local import model_registry
-from hybridmem_local.cli_models import app
+from hybridmem_local.cli.models import app
 from hybridmem_local.errors import (
     BundleError,
     ManifestError,
     ModelNotFoundError,
     NetworkNotAllowedError,
 )
-from hybridmem_local.model_registry import (
+from hybridmem_local.models import registry as model_registry
+from hybridmem_local.models.registry import (
     ModelVerificationError,
     bundle,
     install_bundle,
@@ -87,9 +87,9 @@ def test_shipped_manifest_pins_the_embedded_models(manifest):
 
 
 def test_packaged_manifest_is_the_models_folder_copy():
-    """A wheel reads hybridmem_local/models_manifest.yaml, a checkout models/manifest.yaml: one edit, both."""
+    """A wheel reads hybridmem_local/models/manifest.yaml, a checkout models/manifest.yaml: one edit, both."""
     root = Path(model_registry.__file__).resolve().parent
-    assert (root / "models_manifest.yaml").read_bytes() == (root.parent / "models" / "manifest.yaml").read_bytes()
+    assert (root / "manifest.yaml").read_bytes() == (root.parent.parent / "models" / "manifest.yaml").read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -462,7 +462,7 @@ def runner(monkeypatch):
     """A CLI runner whose rich consoles are wide enough not to fold paths and commands."""
     from rich.console import Console
 
-    from hybridmem_local import cli_models
+    from hybridmem_local.cli import models as cli_models
 
     monkeypatch.setattr(cli_models, "console", Console(width=250))
     monkeypatch.setattr(cli_models, "err", Console(width=250, stderr=True))
@@ -502,9 +502,9 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
     from huggingface_hub import constants
     from rich.console import Console
 
+    from hybridmem_local.cli.doctor import doctor_report, render_doctor
     from hybridmem_local.config import load_config
-    from hybridmem_local.doctor import doctor_report, render_doctor
-    from hybridmem_local.offline import OFFLINE_ENV
+    from hybridmem_local.models.offline import OFFLINE_ENV
 
     for name in OFFLINE_ENV:  # doctor enforces offline mode; undo it after this test
         monkeypatch.delenv(name, raising=False)

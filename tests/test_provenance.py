@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import hybridmem_local
-from hybridmem_local.curation import reply_schema
-from hybridmem_local.provenance import Aligner, AlignmentSettings, align, alignment_scores, memory_text, select
+from hybridmem_local.curation.curator import reply_schema
 from hybridmem_local.schema import Episode, EpisodeDraft, Session, TupleDraft, combine_provenance, turn_line
+from hybridmem_local.text.alignment import Aligner, AlignmentSettings, align, alignment_scores, memory_text, select
 
 DEMO = Path(hybridmem_local.__file__).parent / "examples" / "demo_sessions.jsonl"
 SETTINGS = AlignmentSettings(max_turns=2, min_score=0.6, lexical_weight=0.75)

@@ -10,7 +10,7 @@ import pytest
 
 from hybridmem_local.errors import NotFoundError, StoreError
 from hybridmem_local.schema import MemoryStatus
-from hybridmem_local.store import _MIGRATIONS, SCHEMA_VERSION, MemoryStore
+from hybridmem_local.storage.store import _MIGRATIONS, SCHEMA_VERSION, MemoryStore
 from tests.factories import make_episode, make_session, make_tuple
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridmem_local import model_registry
 from hybridmem_local.errors import ManifestError, ModelNotFoundError
-from hybridmem_local.model_registry import load_manifest, resolve_model
+from hybridmem_local.models import registry as model_registry
+from hybridmem_local.models.registry import load_manifest, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERTED = "smollm2-135m-instruct-hf"
@@ -133,7 +133,7 @@ def test_converted_from_must_name_a_gguf_entry(tmp_path):
 
 
 def test_doctor_checkpoint_check_names_a_folder_vllm_cannot_load(tmp_path):
-    from hybridmem_local.doctor import _checkpoint_check
+    from hybridmem_local.cli.doctor import _checkpoint_check
 
     assert "no config.json" in _checkpoint_check(tmp_path)
     (tmp_path / "config.json").write_text("{not json")

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hybridmem_local.answering.context import assemble_context
 from hybridmem_local.config import RetrievalConfig
-from hybridmem_local.context import assemble_context
+from hybridmem_local.indexes.windows import load_windows, window_starts
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.retrieval import format_context
+from hybridmem_local.retrieval.retriever import format_context
 from hybridmem_local.schema import EvidenceWindow, Hit, SearchResult, Session, Turn, WindowHit, turn_line
-from hybridmem_local.store import MemoryStore
-from hybridmem_local.windows import load_windows, window_starts
+from hybridmem_local.storage.store import MemoryStore
 from tests.factories import BASE_DATE, make_episode, make_tuple
 
 # ----------------------------------------------------------------------------- window shapes

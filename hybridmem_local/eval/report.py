@@ -179,7 +179,7 @@ def _git(*args: str) -> str | None:
 
 def _model_entry(name: str) -> dict[str, Any]:
     from hybridmem_local.errors import ModelRegistryError
-    from hybridmem_local.model_registry import load_manifest
+    from hybridmem_local.models.registry import load_manifest
 
     try:
         entry = load_manifest().find(name)

@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hybridmem_local.answering import Answer, answer_many, build_answer_request, citer_for
+from hybridmem_local.answering.answerer import Answer, answer_many, build_answer_request, citer_for
+from hybridmem_local.answering.context import RenderedContext
 from hybridmem_local.config import Config
-from hybridmem_local.context import RenderedContext
-from hybridmem_local.curation import TEMPLATE_ALLOWANCE_TOKENS
+from hybridmem_local.curation.curator import TEMPLATE_ALLOWANCE_TOKENS
 from hybridmem_local.errors import ConfigError, DatasetError, InvalidInputError
 from hybridmem_local.eval.accounting import PHASES, MeteredLLM, PhaseUsage
 from hybridmem_local.eval.benchmarks import load_benchmark
@@ -379,7 +379,7 @@ class _Run:
     ) -> HybridMemory | None:
         """A copy of the curated store consolidated at ``run.mcs``, made once and reused while the
         curated store stays as it was (its fingerprint is kept beside the copy)."""
-        from hybridmem_local.consolidation import ConsolidationReport
+        from hybridmem_local.consolidation.planner import ConsolidationReport
         from hybridmem_local.memory import HybridMemory
 
         namespace = conversation.namespace

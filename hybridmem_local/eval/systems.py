@@ -37,10 +37,10 @@ from pydantic import AwareDatetime, Field
 
 from hybridmem_local.config import Config, RetrievalConfig, SearchSource
 from hybridmem_local.errors import InvalidInputError
-from hybridmem_local.retrieval import Retriever, format_context
+from hybridmem_local.indexes.windows import with_source_turns
+from hybridmem_local.retrieval.retriever import Retriever, format_context
 from hybridmem_local.schema import Hit, Provenance, SearchResult, Session, StrictModel, turn_line
-from hybridmem_local.store import MemoryStore
-from hybridmem_local.windows import with_source_turns
+from hybridmem_local.storage.store import MemoryStore
 
 if TYPE_CHECKING:
     from hybridmem_local.memory import HybridMemory

@@ -39,16 +39,16 @@ def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Pat
     """Build the configured backend, wrapped in the on-disk call cache when ``cache_path`` is given.
 
     Local backends load ``model_path`` when given, else ``config.path``, else the manifest
-    entry named ``config.model`` (see ``hybridmem_local.model_registry``).
+    entry named ``config.model`` (see ``hybridmem_local.models.registry``).
     """
     if config.backend in SERVER_BACKENDS:
         llm: StructuredLLM = SERVER_BACKENDS[config.backend](config)
     else:
-        from hybridmem_local.offline import enforce_offline
+        from hybridmem_local.models.offline import enforce_offline
 
         enforce_offline()  # before any engine import: hub libraries read the variables at import
         if model_path is None:
-            from hybridmem_local.model_registry import resolve_model
+            from hybridmem_local.models.registry import resolve_model
 
             model_path = resolve_model(config.model, explicit_path=config.path).path
         llm = LOCAL_BACKENDS[config.backend](config, Path(model_path))

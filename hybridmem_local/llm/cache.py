@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridmem_local.errors import InvalidInputError
-from hybridmem_local.files import create_owner_only
+from hybridmem_local.files.paths import create_owner_only
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.replies import check_reply, schema_json
 

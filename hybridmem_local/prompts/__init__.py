@@ -16,8 +16,8 @@ from string import Template
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hybridmem_local.errors import PromptError
+from hybridmem_local.files.readers import read_yaml_mapping
 from hybridmem_local.llm.base import ChatMessage, ChatRole
-from hybridmem_local.readers import read_yaml_mapping
 
 PROMPTS_DIR = Path(__file__).parent
 _NAME = re.compile(r"^[a-z0-9_]+$")

@@ -41,7 +41,7 @@ from pydantic import AwareDatetime, Field, ValidationError
 from starlette.routing import Route
 
 from hybridmem_local import __version__
-from hybridmem_local.answering import Answer
+from hybridmem_local.answering.answerer import Answer
 from hybridmem_local.errors import HybridMemError, InvalidInputError, NotFoundError, UnauthorizedError, error_text
 from hybridmem_local.schema import (
     MAX_MESSAGES_SESSION_ID,
@@ -82,7 +82,7 @@ from hybridmem_local.service.operations import (
     Writer,
 )
 from hybridmem_local.service.state import ServiceState
-from hybridmem_local.store import SessionRecord
+from hybridmem_local.storage.store import SessionRecord
 
 #: Where ``hybridmem serve`` answers MCP.
 MCP_PATH = "/mcp"

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar, Protocol, TypeVar
 
-from hybridmem_local.answering import Answer
-from hybridmem_local.consolidation import ConsolidationReport, UndoReport
+from hybridmem_local.answering.answerer import Answer
+from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
 from hybridmem_local.errors import ForbiddenError, InvalidInputError, NotFoundError
 from hybridmem_local.memory import Stats
-from hybridmem_local.retrieval import SearchFilters
+from hybridmem_local.retrieval.retriever import SearchFilters
 from hybridmem_local.schema import (
     Episode,
     EpisodeDraft,
@@ -50,7 +50,7 @@ from hybridmem_local.service.models import (
     invalid_input,
 )
 from hybridmem_local.service.state import ServiceState
-from hybridmem_local.store import Event, SessionRecord
+from hybridmem_local.storage.store import Event, SessionRecord
 
 # --------------------------------------------------------------------------- who may act on which namespace
 

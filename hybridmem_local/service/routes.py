@@ -15,11 +15,11 @@ from fastapi.responses import StreamingResponse
 from pydantic import AwareDatetime, Field
 
 from hybridmem_local import __version__
-from hybridmem_local.answering import Answer
-from hybridmem_local.consolidation import ConsolidationReport, UndoReport
+from hybridmem_local.answering.answerer import Answer
+from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
 from hybridmem_local.errors import NotReadyError
 from hybridmem_local.memory import Stats
-from hybridmem_local.retrieval import SearchFilters
+from hybridmem_local.retrieval.retriever import SearchFilters
 from hybridmem_local.schema import (
     MAX_MESSAGES_SESSION_ID,
     Episode,
@@ -49,7 +49,7 @@ from hybridmem_local.service.models import (
 )
 from hybridmem_local.service.operations import Admin, Handle, KeyAdmin, KeyScope, Operations, Reader, Writer
 from hybridmem_local.service.worker import WorkerStatus
-from hybridmem_local.store import Event, SessionRecord
+from hybridmem_local.storage.store import Event, SessionRecord
 
 # --------------------------------------------------------------------------- request / response models
 

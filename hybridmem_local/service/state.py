@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridmem_local.answering import Answer
+from hybridmem_local.answering.answerer import Answer
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder, build_embedder
 from hybridmem_local.errors import AskTimeoutError, NotReadyError
@@ -46,7 +46,7 @@ from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session
 from hybridmem_local.service.keys import KeyRing
 from hybridmem_local.service.worker import CurationWorker
-from hybridmem_local.store import MemoryStore, SessionRecord
+from hybridmem_local.storage.store import MemoryStore, SessionRecord
 
 log = logging.getLogger(__name__)
 

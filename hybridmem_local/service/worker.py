@@ -30,7 +30,7 @@ from hybridmem_local.errors import WorkerStopped
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, utcnow
-from hybridmem_local.store import MemoryStore
+from hybridmem_local.storage.store import MemoryStore
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hybridmem_local.config import load_config
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.store import text_hash
+from hybridmem_local.storage.store import text_hash
 from tests.faults.corpus import QUERIES, CuratedSession
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hybridmem_local.cli import app
+from hybridmem_local.cli.main import app
 from hybridmem_local.config import load_config
 from hybridmem_local.errors import LLMError
 from hybridmem_local.memory import HybridMemory

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridmem_local.config import load_config
-from hybridmem_local.consolidation import (
+from hybridmem_local.consolidation.planner import (
     ConsolidationPlan,
     ConsolidationReport,
     EpisodePlan,
@@ -91,7 +91,7 @@ def _exact_ok(memory: HybridMemory, kind: str, query_vector: np.ndarray, got: li
     if not active:
         return
     cached = memory.store.get_embeddings(NS, memory.embedder.model_id, [m.index_text() for m in active])
-    from hybridmem_local.store import text_hash
+    from hybridmem_local.storage.store import text_hash
 
     exact = {m.id: float(cached[text_hash(m.index_text())] @ query_vector) for m in active}
     ranked = sorted(exact.values(), reverse=True)

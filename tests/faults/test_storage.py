@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hybridmem_local.cli import app
+from hybridmem_local.cli.main import app
 from hybridmem_local.errors import StoreError
 from hybridmem_local.memory import HybridMemory
 from tests.faults.corpus import QUERIES, curated_sessions, write_jsonl

@@ -19,11 +19,11 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from hybridmem_local.client import HybridMemoryClient
 from hybridmem_local.config import ServiceConfig
 from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Message, Session
+from hybridmem_local.service.client import HybridMemoryClient
 from tests.fake_vllm_server import ChatServer
 from tests.service.http_harness import live_service
 from tests.service.scripted_llm import llm_settings, respond

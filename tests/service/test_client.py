@@ -14,9 +14,8 @@ from datetime import date, datetime, timezone
 
 import pytest
 
-import hybridmem_local.client as client_module
-from hybridmem_local.answering import Answer
-from hybridmem_local.client import HybridMemoryClient
+import hybridmem_local.service.client as client_module
+from hybridmem_local.answering.answerer import Answer
 from hybridmem_local.errors import (
     AskTimeoutError,
     ConflictError,
@@ -29,7 +28,8 @@ from hybridmem_local.errors import (
     UnauthorizedError,
 )
 from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple, SearchResult, Session, TupleDraft, Turn
-from hybridmem_local.store import Event, SessionRecord
+from hybridmem_local.service.client import HybridMemoryClient
+from hybridmem_local.storage.store import Event, SessionRecord
 from tests.fake_vllm_server import ChatServer, Sleep
 from tests.service.http_harness import live_service
 from tests.service.scripted_llm import ANSWER, llm_settings, respond

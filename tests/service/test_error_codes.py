@@ -20,8 +20,8 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from mcp import Client
 
-from hybridmem_local.client import HybridMemoryClient
 from hybridmem_local.errors import ERROR_CODES, HybridMemError, RateLimitedError
+from hybridmem_local.service.client import HybridMemoryClient
 from hybridmem_local.service.errors import install_error_handlers
 from hybridmem_local.service.mcp_server import CodedMCPServer
 from tests.service.live import ThreadedServer

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from hybridmem_local.cli import app
+from hybridmem_local.cli.main import app
 
 runner = CliRunner()
 

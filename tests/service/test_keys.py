@@ -9,10 +9,10 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from hybridmem_local.cli import app
+from hybridmem_local.cli.main import app
 from hybridmem_local.errors import NotFoundError
 from hybridmem_local.service.keys import ApiKey, KeyRing, Role
-from hybridmem_local.store import SCHEMA_VERSION, MemoryStore
+from hybridmem_local.storage.store import SCHEMA_VERSION, MemoryStore
 
 runner = CliRunner()
 
@@ -112,7 +112,7 @@ def test_key_changes_are_events_without_secrets(store):
 def test_a_version_1_store_gains_the_keys_table(tmp_path):
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
-    from hybridmem_local.store import _MIGRATIONS, _split_sql
+    from hybridmem_local.storage.store import _MIGRATIONS, _split_sql
 
     for statement in _split_sql(_MIGRATIONS[1]):
         conn.execute(statement)

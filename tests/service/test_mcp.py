@@ -24,7 +24,7 @@ import yaml
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from hybridmem_local.answering import Answer
+from hybridmem_local.answering.answerer import Answer
 from hybridmem_local.config import load_config
 from hybridmem_local.schema import SearchResult
 from hybridmem_local.service.app import create_app
@@ -224,7 +224,7 @@ def test_stdio_server_lists_and_calls_every_tool_in_its_fixed_namespace(tmp_path
     anyio.run(main)
     assert "Traceback" not in (tmp_path / "mcp-stderr.log").read_text()
     # The process closed the store cleanly on stdin EOF: everything is in the file, only in alice.
-    from hybridmem_local.store import MemoryStore
+    from hybridmem_local.storage.store import MemoryStore
 
     store = MemoryStore(db)
     try:

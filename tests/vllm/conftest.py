@@ -51,7 +51,7 @@ def _unavailable() -> str | None:
             "then .venv-vllm/bin/python -m pytest -m vllm tests/vllm/"
         )
     from hybridmem_local.errors import ModelRegistryError
-    from hybridmem_local.model_registry import resolve_model
+    from hybridmem_local.models.registry import resolve_model
 
     try:
         resolve_model(MODEL, models_dir=REPO / "models")

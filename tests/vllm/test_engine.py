@@ -107,7 +107,7 @@ def test_answers_with_citations_that_resolve_to_stored_memories(curated, locomo_
 
 
 def test_one_consolidation_plan_is_schema_valid(engine, curated, locomo_session):
-    from hybridmem_local.consolidation import Group, plan_request, validate_plan
+    from hybridmem_local.consolidation.planner import Group, plan_request, validate_plan
     from hybridmem_local.errors import PlanError
 
     memory, _ = curated

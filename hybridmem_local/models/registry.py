@@ -48,7 +48,7 @@ from hybridmem_local.errors import (
     ModelRegistryError,
     NetworkNotAllowedError,
 )
-from hybridmem_local.readers import read_yaml_mapping
+from hybridmem_local.files.readers import read_yaml_mapping
 
 MODELS_DIR_ENV = "HYBRIDMEM_MODELS_DIR"
 #: Points at a manifest other than the shipped one (e.g. one with digests pinned locally).
@@ -360,9 +360,9 @@ def _manifest_candidates() -> list[Path]:
     package_dir = Path(__file__).resolve().parent
     return [
         # shipped inside a built wheel: a copy of models/manifest.yaml, kept equal by a test
-        package_dir / "models_manifest.yaml",
+        package_dir / "manifest.yaml",
         # a source checkout / editable install
-        package_dir.parent / "models" / "manifest.yaml",
+        package_dir.parent.parent / "models" / "manifest.yaml",
     ]
 
 
@@ -858,7 +858,7 @@ def _gguf_to_hf(directory: Path, gguf_file: str, out: Path) -> None:
     for needed in ("gguf", "accelerate"):
         if importlib.util.find_spec(needed) is None:
             raise ConversionError(f"converting a GGUF model needs the {needed!r} package (pip install {needed})")
-    from hybridmem_local.offline import enforce_offline
+    from hybridmem_local.models.offline import enforce_offline
 
     enforce_offline()
     torch.manual_seed(0)

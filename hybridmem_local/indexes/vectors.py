@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.config import IndexConfig
-from hybridmem_local.files import GenerationFiles
+from hybridmem_local.files.paths import GenerationFiles
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.schema import EvidenceWindow, SearchResult, Turn
-from hybridmem_local.store import MemoryStore
+from hybridmem_local.storage.store import MemoryStore
 
 WINDOW_KIND: Final = "window"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import typer
 
-from hybridmem_local.cli_common import CONFIG_OPTION, JSON_OPTION, SET_OPTION, console, parse_overrides, print_json
-from hybridmem_local.cli_errors import err, fail, reported
+from hybridmem_local.cli.common import CONFIG_OPTION, JSON_OPTION, SET_OPTION, console, parse_overrides, print_json
+from hybridmem_local.cli.errors import err, fail, reported
 from hybridmem_local.config import load_config
 from hybridmem_local.errors import ConfigError, DatasetError
 from hybridmem_local.eval import Benchmark

@@ -32,9 +32,9 @@ from hybridmem_local.config import AnsweringConfig
 from hybridmem_local.errors import InvalidInputError, LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import load_prompt
-from hybridmem_local.provenance import AlignmentSettings, Embed, alignment_scores, select
-from hybridmem_local.retrieval import RenderedContext, format_context
+from hybridmem_local.retrieval.retriever import RenderedContext, format_context
 from hybridmem_local.schema import LIST_MARKER, Episode, RelationalTuple, SearchResult, clean_cited_id
+from hybridmem_local.text.alignment import AlignmentSettings, Embed, alignment_scores, select
 
 #: Room for a few-word answer and its citations; a thinking model gets the backend default
 #: (``LLMConfig.max_new_tokens``) because its reasoning comes first.

@@ -10,7 +10,7 @@ import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hybridmem_local.offline import enforce_offline, offline_status
+from hybridmem_local.models.offline import enforce_offline, offline_status
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -92,7 +92,7 @@ _REMOTE_LLM_BACKENDS = {"openai-server"}
 
 
 def _model_check(role: str, name: str, explicit_path: Path | None, hash_files: bool) -> dict[str, Any]:
-    from hybridmem_local import model_registry
+    from hybridmem_local.models import registry as model_registry
 
     row: dict[str, Any] = {"role": role, "name": name, "found": False, "path": None, "source": None}
     try:
@@ -159,7 +159,7 @@ def _llm_check(role: str, llm: LLMConfig, hash_files: bool) -> dict[str, Any]:
 
 def _llm_tiers(config: Config) -> list[dict[str, Any]]:
     """The embedded (llama.cpp GGUF) LLMs of the manifest: which are installed, which one runs."""
-    from hybridmem_local import model_registry
+    from hybridmem_local.models import registry as model_registry
 
     rows = []
     for entry in model_registry.load_manifest().models:
@@ -192,7 +192,7 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
     ``problems`` lists what stands in the way of running ``config``. Enforces offline mode
     first, as every model load does.
     """
-    from hybridmem_local import model_registry
+    from hybridmem_local.models import registry as model_registry
 
     # report the conditions the library runs under (and import the backends under them)
     enforce_offline()
@@ -244,7 +244,7 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
 
 def _config_settings(config: Config) -> dict[str, str]:
     """The choices of ``config`` that decide what runs where, one line per stage."""
-    from hybridmem_local.clustering import cuml_usable
+    from hybridmem_local.consolidation.clustering import cuml_usable
 
     llm, retrieval, consolidation = config.llm, config.retrieval, config.consolidation
     clusterer: str = consolidation.backend

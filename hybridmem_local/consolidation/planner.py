@@ -11,7 +11,7 @@ One run works on one namespace, on its active memories, each store (episodes, tu
 
 1. **Embeddings** of ``index_text()`` come from the store's embedding cache; only texts missing
    from it are embedded (and cached), nothing is re-embedded.
-2. **Clustering**: UMAP → HDBSCAN (:mod:`hybridmem_local.clustering`); noise rows are left alone.
+2. **Clustering**: UMAP → HDBSCAN (:mod:`hybridmem_local.consolidation.clustering`); noise rows are left alone.
    A cluster whose prompt would not fit ``llm.context_tokens`` (less ``max_new_tokens`` for the
    reply) is split into groups, oldest memories first.
 3. **Plan**: one constrained-JSON request per group (:class:`EpisodePlan` / :class:`TuplePlan`,
@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
 
-from hybridmem_local.clustering import Clusterer, make_clusterer
 from hybridmem_local.config import Config
+from hybridmem_local.consolidation.clustering import Clusterer, make_clusterer
 from hybridmem_local.errors import ConfigError, ConsolidationError, InvalidInputError, NotFoundError, PlanError
 from hybridmem_local.llm.base import ChatMessage, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.replies import feedback_request
@@ -60,11 +60,11 @@ from hybridmem_local.schema import (
     check_namespace,
     combine_provenance,
 )
-from hybridmem_local.store import MemoryStore
+from hybridmem_local.storage.store import MemoryStore
 from hybridmem_local.usage import LLMUsage
 
 if TYPE_CHECKING:
-    from hybridmem_local.indexes import StoreIndexes
+    from hybridmem_local.indexes.store_indexes import StoreIndexes
 
 log = logging.getLogger(__name__)
 

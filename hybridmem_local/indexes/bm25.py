@@ -36,8 +36,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.errors import InvalidInputError
-from hybridmem_local.files import GenerationFiles
-from hybridmem_local.index import SyncReport
+from hybridmem_local.files.paths import GenerationFiles
+from hybridmem_local.indexes.vectors import SyncReport
 from hybridmem_local.schema import Episode, RelationalTuple
 from hybridmem_local.tokens import TOKENIZER, tokenize
 

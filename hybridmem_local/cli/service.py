@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hybridmem_local.cli_common import (
+from hybridmem_local.cli.common import (
     CONFIG_OPTION,
     DB_OPTION,
     JSON_OPTION,
@@ -19,7 +19,7 @@ from hybridmem_local.cli_common import (
     console,
     print_json,
 )
-from hybridmem_local.cli_errors import err, fail, reported
+from hybridmem_local.cli.errors import err, fail, reported
 
 # --------------------------------------------------------------------------- service: serve
 
@@ -106,7 +106,7 @@ def keys_create(
 ) -> None:
     """Create a key; it is printed once and only its salted hash is kept."""
     from hybridmem_local.service.keys import KeyRing
-    from hybridmem_local.store import MemoryStore
+    from hybridmem_local.storage.store import MemoryStore
 
     with reported(*USER_ERRORS):
         store = MemoryStore(db)
@@ -122,7 +122,7 @@ def keys_create(
 def keys_list(db: Path = DB_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Every key with its role, namespaces and whether it is revoked (never the secret)."""
     from hybridmem_local.service.keys import KeyRing
-    from hybridmem_local.store import MemoryStore
+    from hybridmem_local.storage.store import MemoryStore
 
     with reported(*USER_ERRORS):
         store = MemoryStore(db)
@@ -152,7 +152,7 @@ def keys_revoke(
 ) -> None:
     """Revoke a key: a running server refuses it from its next request on."""
     from hybridmem_local.service.keys import KeyRing
-    from hybridmem_local.store import MemoryStore
+    from hybridmem_local.storage.store import MemoryStore
 
     with reported(*USER_ERRORS):
         store = MemoryStore(db)
@@ -178,7 +178,7 @@ def mcp_stdio(
     from hybridmem_local.schema import check_namespace
     from hybridmem_local.service.mcp_server import run_stdio
     from hybridmem_local.service.state import ServiceState
-    from hybridmem_local.store import MemoryStore
+    from hybridmem_local.storage.store import MemoryStore
 
     with reported(*USER_ERRORS):
         cfg = config_from(config, overrides)

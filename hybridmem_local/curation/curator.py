@@ -52,11 +52,10 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.config import JsonDict
 
 from hybridmem_local.config import CurationConfig, LLMConfig
-from hybridmem_local.dates import annotate_relative_dates
+from hybridmem_local.curation.dates import annotate_relative_dates
 from hybridmem_local.errors import ConfigError, LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import PromptTemplate, load_prompt
-from hybridmem_local.provenance import Aligner, AlignmentSettings, Embed, memory_text
 from hybridmem_local.schema import (
     TURN_REFERENCE,
     CurationResult,
@@ -66,6 +65,7 @@ from hybridmem_local.schema import (
     Turn,
     clean_cited_id,
 )
+from hybridmem_local.text.alignment import Aligner, AlignmentSettings, Embed, memory_text
 from hybridmem_local.tokens import tokenize
 from hybridmem_local.usage import LLMUsage
 

@@ -34,7 +34,6 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from hybridmem_local.provenance import memory_text
 from hybridmem_local.schema import (
     LIST_MARKER,
     TURN_REFERENCE,
@@ -45,7 +44,8 @@ from hybridmem_local.schema import (
     RelationalTuple,
     TupleDraft,
 )
-from hybridmem_local.store import MemoryStore
+from hybridmem_local.storage.store import MemoryStore
+from hybridmem_local.text.alignment import memory_text
 
 Draft = EpisodeDraft | TupleDraft
 _NON_WORD = re.compile(r"[\W_]+")

@@ -34,11 +34,11 @@ import numpy as np
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder
 from hybridmem_local.errors import StoreError
-from hybridmem_local.index import SyncReport, VectorIndex
-from hybridmem_local.lexical import LexicalIndex, memory_text
+from hybridmem_local.indexes.bm25 import LexicalIndex, memory_text
+from hybridmem_local.indexes.vectors import SyncReport, VectorIndex
+from hybridmem_local.indexes.windows import WINDOW_KIND, WindowSet
 from hybridmem_local.schema import EvidenceWindow, MemoryKind
-from hybridmem_local.store import MemoryStore, text_hash
-from hybridmem_local.windows import WINDOW_KIND, WindowSet
+from hybridmem_local.storage.store import MemoryStore, text_hash
 
 log = logging.getLogger(__name__)
 

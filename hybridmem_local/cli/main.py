@@ -21,7 +21,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hybridmem_local.cli_common import (
+from hybridmem_local.cli.common import (
     CONFIG_OPTION,
     DB_OPTION,
     JSON_OPTION,
@@ -34,8 +34,8 @@ from hybridmem_local.cli_common import (
     print_data,
     print_json,
 )
-from hybridmem_local.cli_errors import err, fail, reported
-from hybridmem_local.ingest import read_sessions_file, read_sessions_jsonl
+from hybridmem_local.cli.errors import err, fail, reported
+from hybridmem_local.files.sessions import read_sessions_file, read_sessions_jsonl
 from hybridmem_local.schema import Episode, RelationalTuple, WindowHit
 
 if TYPE_CHECKING:
@@ -485,7 +485,7 @@ def forget(
         print_data(memory.forget(namespace), as_json)
 
 
-DEMO_SESSIONS = Path(__file__).parent / "examples" / "demo_sessions.jsonl"
+DEMO_SESSIONS = Path(__file__).parent.parent / "examples" / "demo_sessions.jsonl"
 
 
 @app.command()
@@ -576,7 +576,7 @@ def doctor(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Resolved models, backends (CPU/GPU, cuML, vLLM), the config in force, offline mode."""
-    from hybridmem_local.doctor import doctor_report, print_doctor
+    from hybridmem_local.cli.doctor import doctor_report, print_doctor
 
     with reported(*USER_ERRORS):
         cfg = config_from(config, overrides)
@@ -588,9 +588,9 @@ def doctor(
 
 
 def _mount_subcommands() -> None:
-    from hybridmem_local.cli_eval import app as eval_app
-    from hybridmem_local.cli_models import app as models_app
-    from hybridmem_local.cli_service import keys_app, mcp_stdio, serve
+    from hybridmem_local.cli.eval import app as eval_app
+    from hybridmem_local.cli.models import app as models_app
+    from hybridmem_local.cli.service import keys_app, mcp_stdio, serve
 
     app.command()(serve)
     app.command("mcp")(mcp_stdio)

@@ -1,6 +1,6 @@
 """``HybridMemoryClient``: the HTTP API of ``hybridmem serve`` behind the methods of ``HybridMemory``.
 
-    from hybridmem_local.client import HybridMemoryClient
+    from hybridmem_local.service.client import HybridMemoryClient
 
     with HybridMemoryClient("https://memory.example.org", api_key=os.environ["HYBRIDMEM_KEY"]) as memory:
         memory.enqueue([session])            # queued: curated by the server's worker, not in this call
@@ -38,10 +38,10 @@ import httpx
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from hybridmem_local.answering import Answer
-from hybridmem_local.consolidation import ConsolidationReport, UndoReport
+from hybridmem_local.answering.answerer import Answer
+from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
 from hybridmem_local.errors import ERROR_CODES, HybridMemError, InvalidInputError, RateLimitedError
-from hybridmem_local.files import owner_only_opener
+from hybridmem_local.files.paths import owner_only_opener
 from hybridmem_local.memory import Stats
 from hybridmem_local.schema import (
     Episode,
@@ -56,7 +56,7 @@ from hybridmem_local.schema import (
     check_namespace,
 )
 from hybridmem_local.service.models import MAX_BATCH, MAX_PAGE, MemoryOut
-from hybridmem_local.store import Event, SessionRecord
+from hybridmem_local.storage.store import Event, SessionRecord
 
 #: ``list`` without a limit pages through at the server's largest page.
 PAGE_SIZE = MAX_PAGE

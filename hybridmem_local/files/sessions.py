@@ -22,9 +22,15 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hybridmem_local.errors import InputFileError, InvalidInputError
-from hybridmem_local.readers import describe_validation_error, is_stdin, read_input, read_json_lines, read_json_list
+from hybridmem_local.files.readers import (
+    describe_validation_error,
+    is_stdin,
+    read_input,
+    read_json_lines,
+    read_json_list,
+)
 from hybridmem_local.schema import Episode, RelationalTuple, Session, Turn, check_namespace
-from hybridmem_local.store import SessionRecord
+from hybridmem_local.storage.store import SessionRecord
 
 __all__ = [
     "LocomoReader",

@@ -13,11 +13,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from hybridmem_local import model_registry
-from hybridmem_local.cli_common import JSON_OPTION, console, print_json
-from hybridmem_local.cli_errors import err, fail, reported
+from hybridmem_local.cli.common import JSON_OPTION, console, print_json
+from hybridmem_local.cli.errors import err, fail, reported
 from hybridmem_local.errors import ModelRegistryError
-from hybridmem_local.model_registry import VerifyReport
+from hybridmem_local.models import registry as model_registry
+from hybridmem_local.models.registry import VerifyReport
 
 app = typer.Typer(
     help="Local model files: list, verify, download, bundle, install.", no_args_is_help=True, add_completion=False

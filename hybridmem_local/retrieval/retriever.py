@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from hybridmem_local.answering.context import RenderedContext, assemble_context
 from hybridmem_local.config import RetrievalConfig
-from hybridmem_local.context import RenderedContext, assemble_context
 from hybridmem_local.errors import InvalidInputError
-from hybridmem_local.fusion import reciprocal_rank_fusion
+from hybridmem_local.retrieval.fusion import reciprocal_rank_fusion
 from hybridmem_local.schema import Episode, Hit, MemoryKind, RelationalTuple, SearchResult, WindowHit
-from hybridmem_local.store import MemoryStore
+from hybridmem_local.storage.store import MemoryStore
 
 if TYPE_CHECKING:
-    from hybridmem_local.indexes import SourceKind, StoreIndexes
+    from hybridmem_local.indexes.store_indexes import SourceKind, StoreIndexes
 
 Ranking = list[tuple[int, float]]
 

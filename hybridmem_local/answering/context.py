@@ -28,7 +28,7 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybridmem_local.errors import InvalidInputError
-from hybridmem_local.fusion import DEFAULT_RRF_K, reciprocal_rank_fusion
+from hybridmem_local.retrieval.fusion import DEFAULT_RRF_K, reciprocal_rank_fusion
 from hybridmem_local.schema import EvidenceWindow, Hit, SearchResult, Turn, turn_line
 
 CountTokens = Callable[[str], int]
