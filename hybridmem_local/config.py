@@ -190,7 +190,7 @@ class CurationConfig(_Section):
     tuples_per_turn: float = Field(default=1.0, gt=0)
     episode_reply_tokens: int = Field(default=200, ge=16)
     tuple_reply_tokens: int = Field(default=110, ge=16)
-    #: Provenance alignment (provenance.py) of a memory left without a valid cited turn id: the
+    #: Provenance alignment (text/alignment.py) of a memory left without a valid cited turn id: the
     #: best-scoring turn of its window, then more while their score reaches align_min_score, at
     #: most align_max_turns; score = align_lexical_weight * stem overlap + the rest * cosine.
     #: Measured by scripts/bench_alignment.py (1,995 LoCoMo observation facts of the 8 dev
@@ -202,7 +202,7 @@ class CurationConfig(_Section):
     align_max_turns: int = Field(default=3, ge=1)
     align_min_score: float = Field(default=0.6, ge=0.0, le=1.0)
     align_lexical_weight: float = Field(default=0.75, ge=0.0, le=1.0)
-    #: Write-time duplicate guard (dedup.py): a curated memory whose index text has at least this
+    #: Write-time duplicate guard (curation/dedup.py): a curated memory whose index text has at least this
     #: cosine with an active memory of the same kind and timestamp or session, and the same
     #: numbers, is not stored again (an exact repeat never is). scripts/bench_duplicates.py on
     #: the 8 LoCoMo dev conversations: of 9,151 pairs of different observation facts of one
@@ -215,10 +215,10 @@ class CurationConfig(_Section):
 
 
 class AnsweringConfig(_Section):
-    """How the answer model is asked (answering.py) and what its context shows (context.py)."""
+    """How the answer model is asked (answering/answerer.py) and what its context shows (answering/context.py)."""
 
     #: json: constrained JSON {answer, cited_memory_ids}; text: a short plain-text answer, the
-    #: cited memories derived by aligning question + answer to the memories shown (provenance.py).
+    #: cited memories derived by aligning question + answer to the memories shown (text/alignment.py).
     #: text is the default because the default LLM is SmolLM2-135M: scripts/bench_answer_modes.py
     #: (40 LoCoMo dev questions, observation facts + raw turns, 2,048 tokens; docs/benchmarks.md
     #: §11) gave it F1 .087 in text vs .031 in JSON and cited recall .43 vs .15 (under the schema

@@ -5,9 +5,9 @@
         memory.add_memories("alice", episodes=[...], tuples=[...])
         result = memory.search("Where did Alice move?", namespace="alice")
 
-The SQLite file is the truth; every write goes to it first. The indexes (``indexes.py``) live
+The SQLite file is the truth; every write goes to it first. The indexes (``indexes/``) live
 beside it (``memory.db.indexes/``) and catch up with it whenever they are used after a commit,
-of this process or another. Consolidation (``consolidation.py``) only plans; the changes a plan
+of this process or another. Consolidation (``consolidation/planner.py``) only plans; the changes a plan
 makes — merges through the same ``supersede`` step as ``update``, deletions, undo, purge — are
 applied here, on the store.
 """
@@ -50,6 +50,7 @@ from hybridmem_local.schema import (
     RelationalTuple,
     SearchResult,
     Session,
+    SessionRecord,
     TupleDraft,
     check_namespace,
     utcnow,
@@ -88,9 +89,9 @@ class IngestReport(BaseModel):
     memories: int = 0
     #: Memories the LLM wrote that curation left out (no content, a decoding loop, not from the window).
     memories_left_out: int = 0
-    #: Memories without a valid cited turn id, aligned to their window's turns (provenance.py).
+    #: Memories without a valid cited turn id, aligned to their window's turns (text/alignment.py).
     memories_aligned: int = 0
-    #: Curated memories that repeated an active one (dedup.py): not stored, their turns went to it.
+    #: Curated memories that repeated an active one (curation/dedup.py): not stored, their turns went to it.
     duplicates_skipped: int = 0
     #: Curation's LLM requests, tokens and model time.
     usage: LLMUsage = Field(default_factory=LLMUsage)
@@ -417,7 +418,7 @@ class HybridMemory:
         deduplicate: bool = False,
     ) -> tuple[list[int], int]:
         """``add_memories``; with ``deduplicate`` (curated writes), a memory repeating an active one
-        is not stored and its turns go to that row (dedup.py). Returns, per memory, the id of the
+        is not stored and its turns go to that row (curation/dedup.py). Returns, per memory, the id of the
         row holding it, and how many were repeats."""
         check_namespace(namespace)
         if session is not None and session.namespace != namespace:
@@ -557,7 +558,7 @@ class HybridMemory:
         clusters: Mapping[MemoryKind, Sequence[Sequence[int]]] | None = None,
     ) -> ConsolidationReport:
         """Cluster the namespace's active memories, let the LLM plan merges and deletions
-        (``consolidation.plan_consolidation``), and apply the plan as one undoable run (paper §3.2).
+        (``planner.plan_consolidation``), and apply the plan as one undoable run (paper §3.2).
 
         ``llm`` and ``clusterer`` default to the configured ones; ``clusters`` skips embedding and
         clustering (memory ids grouped per store: replays, tests). A dry run returns the plan and
@@ -740,7 +741,7 @@ class HybridMemory:
 
         ``kinds`` limits the memory stores searched; ``since``/``until`` keep memories whose
         timestamp falls in that period (windows: their session's date); ``min_score`` drops
-        weaker hits (``retrieval.SearchFilters``).
+        weaker hits (``retriever.SearchFilters``).
         """
         filters = SearchFilters(
             kinds=list(kinds) if kinds is not None else None, since=since, until=until, min_score=min_score

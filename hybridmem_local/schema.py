@@ -175,6 +175,16 @@ class Message(StrictModel):
             raise InvalidInputError(f"text: {exc.errors()[0]['msg']}") from None
 
 
+class SessionRecord(BaseModel):
+    """A stored session and how its curation went (``pending``, ``curated``, ``curation_failed``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session: Session
+    curation_status: str
+    curation_error: str | None = None
+
+
 # --------------------------------------------------------------------------- LLM output schemas
 
 
@@ -187,7 +197,7 @@ def _check_timestamp(value: str) -> str:
 
 #: How a memory's source turns were obtained: ``cited`` by whoever wrote it (the curation model,
 #: an API caller), or ``aligned`` to the turns of its curation window by similarity
-#: (provenance.py) because none it cited was a turn of that window. None: no source turns.
+#: (text/alignment.py) because none it cited was a turn of that window. None: no source turns.
 Provenance = Literal["cited", "aligned"]
 
 
@@ -301,7 +311,7 @@ Memory = Episode | RelationalTuple
 
 
 class EvidenceWindow(StrictModel):
-    """Consecutive raw turns of one session, searched as one text (see ``windows.py``)."""
+    """Consecutive raw turns of one session, searched as one text (see ``indexes/windows.py``)."""
 
     #: The turns-table key of the window's first turn (its hnswlib and BM25 label).
     id: int

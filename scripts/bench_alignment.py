@@ -34,7 +34,7 @@ from hybridmem_local.config import CurationConfig, EmbedderConfig
 from hybridmem_local.embedding import build_embedder
 from hybridmem_local.eval.locomo import load_locomo, normalise_evidence
 from hybridmem_local.schema import EpisodeDraft, Session, turn_line
-from hybridmem_local.text.alignment import AlignmentSettings, alignment_scores, memory_text, select
+from hybridmem_local.text.alignment import AlignmentSettings, alignment_scores, content_text, select
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"
@@ -73,7 +73,7 @@ def session_facts(path: Path, conversations: int | None) -> tuple[list[SessionFa
                         skipped += 1
                         continue
                     draft = EpisodeDraft(title=speaker, summary=fact, details=fact, timestamp="2023")
-                    texts.append(memory_text(draft))
+                    texts.append(content_text(draft))
                     gold.append(set(kept))
             if texts:
                 out.append(SessionFacts(session, texts, gold))

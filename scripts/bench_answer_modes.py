@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_retrieval_budget import observation_facts  # noqa: E402
 
+from hybridmem_local.answering.context import format_context  # noqa: E402
 from hybridmem_local.config import AnsweringConfig, EmbedderConfig, load_config  # noqa: E402
 from hybridmem_local.embedding import build_embedder  # noqa: E402
 from hybridmem_local.eval import metrics  # noqa: E402
@@ -45,7 +46,6 @@ from hybridmem_local.eval.locomo import load_locomo  # noqa: E402
 from hybridmem_local.eval.options import RunOptions  # noqa: E402
 from hybridmem_local.llm import build_llm  # noqa: E402
 from hybridmem_local.memory import HybridMemory  # noqa: E402
-from hybridmem_local.retrieval.retriever import format_context  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"

@@ -1,4 +1,4 @@
-"""The near-duplicate threshold of the write-time guard (dedup.py), measured on LoCoMo.
+"""The near-duplicate threshold of the write-time guard (curation/dedup.py), measured on LoCoMo.
 
 The guard compares a new memory with active memories of the same kind that share its
 timestamp or session, by the cosine of their embedded index texts (MiniLM, the default). A

@@ -2,7 +2,7 @@
 
 For every question of the LoCoMo file (categories 1-4, with evidence), the question is searched
 in a store holding its conversation, the context is assembled within a budget of answer-model
-tokens (``retrieval.format_context``), and the question counts as covered at that budget when
+tokens (``answering.context.format_context``), and the question counts as covered at that budget when
 *all* its evidence turns are in the context's provenance. No LLM is called. Corpora:
 
 * ``turns``   — single raw turns (evidence windows of size 1);
@@ -47,6 +47,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from hybridmem_local.answering.context import format_context
 from hybridmem_local.config import EmbedderConfig, RetrievalConfig, load_config
 from hybridmem_local.curation.curator import EpisodeReply, TupleReply, episode_problem, tuple_problem
 from hybridmem_local.curation.dedup import content_key
@@ -54,7 +55,7 @@ from hybridmem_local.embedding import build_embedder
 from hybridmem_local.eval.locomo import LocomoConversation, load_locomo, normalise_evidence
 from hybridmem_local.indexes.bm25 import LexicalIndex
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.retrieval.retriever import format_context, fuse
+from hybridmem_local.retrieval.retriever import fuse
 from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple
 
 REPO = Path(__file__).resolve().parents[1]

@@ -128,8 +128,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
+    from hybridmem_local.answering.context import format_context
     from hybridmem_local.memory import HybridMemory
-    from hybridmem_local.retrieval.retriever import format_context
 
     info = machine()
     set_threads(args.threads)

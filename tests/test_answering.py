@@ -23,11 +23,11 @@ from hybridmem_local.answering.answerer import (
     answer_many,
     build_answer_request,
 )
+from hybridmem_local.answering.context import format_context
 from hybridmem_local.config import AnsweringConfig, load_config
 from hybridmem_local.errors import LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
-from hybridmem_local.retrieval.retriever import format_context
 from hybridmem_local.schema import Episode, Hit, RelationalTuple, SearchResult
 
 QUESTION_DATE = datetime(2023, 6, 20, 9, 15, tzinfo=timezone.utc)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridmem_local.answering.context import assemble_context
+from hybridmem_local.answering.context import format_context
 from hybridmem_local.config import load_config
 from hybridmem_local.indexes.windows import with_source_turns
 from hybridmem_local.schema import (
@@ -105,7 +105,7 @@ def test_source_turns_come_from_the_store_with_their_session_and_position(store)
 def test_memories_bring_their_turns_and_a_turn_a_window_also_shows_is_shown_and_paid_once(store, count_tokens):
     episode, tup = _memories(store)
     result = _result(store, windows=[_window(1)], memories=[episode, tup])
-    context = assemble_context(result, budget=10_000, count_tokens=count_tokens)
+    context = format_context(result, budget=10_000, count_tokens=count_tokens)
     for turn in SESSION.turns[:5]:
         assert context.text.count(turn_line(turn)) == 1
     assert turn_line(SESSION.turns[5]) not in context.text
@@ -115,10 +115,10 @@ def test_memories_bring_their_turns_and_a_turn_a_window_also_shows_is_shown_and_
     assert set(context.turn_ids) == {"s1:0", "s1:1", "s1:2", "s1:3", "s1:4", "s9:9"}
     assert context.memory_texts == {"E1": episode.render(), "T1": tup.render()}
     # Paid once: the exact size of the context is enough for all of it, one token less is not.
-    assert assemble_context(result, budget=context.tokens, count_tokens=count_tokens).text == context.text
-    assert assemble_context(result, budget=context.tokens - 1, count_tokens=count_tokens).text != context.text
+    assert format_context(result, budget=context.tokens, count_tokens=count_tokens).text == context.text
+    assert format_context(result, budget=context.tokens - 1, count_tokens=count_tokens).text != context.text
     # Without the attached turns (evidence_turns off) the memories come alone, as before.
-    bare = assemble_context(result.model_copy(update={"source_turns": []}), budget=10_000, count_tokens=count_tokens)
+    bare = format_context(result.model_copy(update={"source_turns": []}), budget=10_000, count_tokens=count_tokens)
     assert bare.window_turns == {"W1": ["s1:1", "s1:2", "s1:3"]}
 
 
@@ -126,7 +126,7 @@ def test_memories_bring_their_turns_and_a_turn_a_window_also_shows_is_shown_and_
 def test_budget_is_respected_and_provenance_reported_with_evidence_turns(store, count_tokens, budget):
     episode, tup = _memories(store)
     result = _result(store, windows=[_window(3)], memories=[episode, tup])
-    context = assemble_context(result, budget=budget, count_tokens=count_tokens)
+    context = format_context(result, budget=budget, count_tokens=count_tokens)
     assert context.tokens == count_tokens(context.text) and (context.tokens <= budget or not context.turn_ids)
     shown_memories = [m for m in (episode, tup) if m.render() in context.text]
     shown_turns = {t.turn_id for t in SESSION.turns if turn_line(t) in context.text}
@@ -142,17 +142,17 @@ def test_budget_is_respected_and_provenance_reported_with_evidence_turns(store, 
 def test_a_memory_comes_alone_when_its_turns_do_not_fit(store, count_tokens):
     episode, _ = _memories(store)
     result = _result(store, memories=[episode])
-    alone = assemble_context(result.model_copy(update={"source_turns": []}), budget=10_000, count_tokens=count_tokens)
-    context = assemble_context(result, budget=alone.tokens, count_tokens=count_tokens)
+    alone = format_context(result.model_copy(update={"source_turns": []}), budget=10_000, count_tokens=count_tokens)
+    context = format_context(result, budget=alone.tokens, count_tokens=count_tokens)
     assert context.text == alone.text and context.short_ids == alone.short_ids and context.window_turns == {}
     assert context.turn_ids == ["s1:0", "s1:2"]  # its provenance is still reported
-    with_turns = assemble_context(result, budget=10_000, count_tokens=count_tokens)
+    with_turns = format_context(result, budget=10_000, count_tokens=count_tokens)
     assert with_turns.window_turns == {"W1": ["s1:0"], "W2": ["s1:2"]} and with_turns.tokens > alone.tokens
 
 
 def test_the_fixed_selection_shows_every_memorys_turns(store):
     episode, tup = _memories(store)
-    context = assemble_context(_result(store, memories=[episode, tup]))
+    context = format_context(_result(store, memories=[episode, tup]))
     assert _shown(context) == {"s1:0", "s1:2", "s1:4"}
     assert context.tokens is None
 

@@ -1,4 +1,4 @@
-"""The write-time duplicate guard (dedup.py) on a real store with real MiniLM vectors."""
+"""The write-time duplicate guard (curation/dedup.py) on a real store with real MiniLM vectors."""
 
 from __future__ import annotations
 

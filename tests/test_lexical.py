@@ -57,9 +57,9 @@ def test_search_matches_stems_and_returns_only_documents_sharing_a_term(tmp_path
 
 def test_episode_text_has_title_summary_details_once_each():
     episode = Episode(title="Zoo trip", summary="Saw pandas", details="Saw pandas", timestamp="2023-05-01")
-    assert memory_text(episode) == "Zoo trip\nSaw pandas"
+    assert bm25_document(episode) == "Zoo trip\nSaw pandas"
     tup = RelationalTuple(entity="Ann", relation="likes", object="tea", timestamp="2023")
-    assert memory_text(tup) == tup.render()
+    assert bm25_document(tup) == tup.render()
 
 
 def test_corpus_without_any_term_and_empty_corpus_find_nothing(tmp_path):

@@ -1,4 +1,4 @@
-"""Provenance alignment (provenance.py) on the demo conversation with the real MiniLM embedder,
+"""Provenance alignment (text/alignment.py) on the demo conversation with the real MiniLM embedder,
 and the provenance field's rules (schema.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import hybridmem_local
 from hybridmem_local.curation.curator import reply_schema
 from hybridmem_local.schema import Episode, EpisodeDraft, Session, TupleDraft, combine_provenance, turn_line
-from hybridmem_local.text.alignment import Aligner, AlignmentSettings, align, alignment_scores, memory_text, select
+from hybridmem_local.text.alignment import Aligner, AlignmentSettings, align, alignment_scores, content_text, select
 
 DEMO = Path(hybridmem_local.__file__).parent / "examples" / "demo_sessions.jsonl"
 SETTINGS = AlignmentSettings(max_turns=2, min_score=0.6, lexical_weight=0.75)
@@ -78,11 +78,11 @@ def test_nothing_to_align_gives_no_turns(aligner, demo_session):
     assert aligner.align_all(["anything"], []) == [[]]
 
 
-def test_memory_text_holds_the_content_fields_once():
+def test_content_text_holds_the_content_fields_once():
     episode = EpisodeDraft(title="Run", summary="Bob ran", details="Bob ran", timestamp="2023-05-07")
-    assert memory_text(episode) == "Run\nBob ran"
+    assert content_text(episode) == "Run\nBob ran"
     fact = TupleDraft(entity="Bob", relation="ran", object="10K", timestamp="2023-05-07", context="")
-    assert memory_text(fact) == "Bob\nran\n10K"
+    assert content_text(fact) == "Bob\nran\n10K"
 
 
 def test_provenance_follows_the_turns():

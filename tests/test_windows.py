@@ -9,11 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridmem_local.answering.context import assemble_context
+from hybridmem_local.answering.context import format_context
 from hybridmem_local.config import RetrievalConfig
 from hybridmem_local.indexes.windows import load_windows, window_starts
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.retrieval.retriever import format_context
 from hybridmem_local.schema import EvidenceWindow, Hit, SearchResult, Session, Turn, WindowHit, turn_line
 from hybridmem_local.storage.store import MemoryStore
 from tests.factories import BASE_DATE, make_episode, make_tuple
@@ -240,7 +239,7 @@ def test_budget_fills_in_fused_rank_order(count_tokens):
 
 def test_fixed_selection_renders_memories_as_before_and_budget_needs_a_counter():
     tup = _stored(make_tuple("Ann", "owns", "a kayak", ["s2:0"]), 7)
-    context = assemble_context(_result([], [tup]))
+    context = format_context(_result([], [tup]))
     assert context.text == "## Relational memories\n[T1] Ann — owns — a kayak (2023-05-01)"
     assert context.short_ids == {"T1": 7} and context.turn_ids == ["s2:0"] and context.tokens is None
     assert format_context(SearchResult(query="q", namespace="alice")).text == "(no memories)"

@@ -7,13 +7,13 @@
 Exactly one LLM request per question (fixed top-k retrieval needs no query-time LLM step);
 :func:`answer_many` sends the requests of many questions as one batched call (the facade's
 ``HybridMemory.answer_many``, the evaluation runner). The memories are shown with short ids
-(``E1``, ``T3``; ``retrieval.format_context``). Two modes (``answering.mode``):
+(``E1``, ``T3``; ``context.format_context``). Two modes (``answering.mode``):
 
 * ``json``: constrained JSON ``{answer, cited_memory_ids}``; the model cites the ids, and ids
   that were not shown are dropped and counted, never trusted;
 * ``text``: a short plain-text answer (small models answer better without a schema); the cited
   memories are derived by aligning question + answer to the memories shown, with the scoring
-  that aligns curated memories to their turns (``provenance.py``; :class:`TextCiter`).
+  that aligns curated memories to their turns (``text/alignment.py``; :class:`TextCiter`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from hybridmem_local.answering.context import RenderedContext, format_context
 from hybridmem_local.config import AnsweringConfig
 from hybridmem_local.errors import InvalidInputError, LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import load_prompt
-from hybridmem_local.retrieval.retriever import RenderedContext, format_context
 from hybridmem_local.schema import LIST_MARKER, Episode, RelationalTuple, SearchResult, clean_cited_id
 from hybridmem_local.text.alignment import AlignmentSettings, Embed, alignment_scores, select
 
@@ -109,8 +109,8 @@ def _question_date_line(question_date: datetime | None) -> str:
 class TextCiter:
     """The memories a plain-text answer rests on: those shown that question + answer align to.
 
-    Scored as curation aligns a memory to its turns (``provenance.alignment_scores``: stem
-    overlap and cosine), and chosen as there (``provenance.select``): the best memory, then more
+    Scored as curation aligns a memory to its turns (``alignment.alignment_scores``: stem
+    overlap and cosine), and chosen as there (``alignment.select``): the best memory, then more
     while they reach ``settings.min_score``, ``settings.max_turns`` in all. The question is part
     of the aligned text because the answer alone is often a date or a name the memory words
     differently ("7 May 2023" for "(2023-05-07) ... support group"), while the question names the

@@ -61,16 +61,19 @@ class _Item(NamedTuple):
     hit: Hit | EvidenceWindow
 
 
-def assemble_context(
+def format_context(
     result: SearchResult,
     budget: int | None = None,
     count_tokens: CountTokens | None = None,
     source_weights: Mapping[str, float] | None = None,
 ) -> RenderedContext:
-    """Render ``result`` whole, or fill ``budget`` tokens (``count_tokens`` then required).
+    """Render a search result: everything it holds, or as much as fits ``budget`` tokens.
 
-    ``source_weights`` weighs each store's ranking ("episodes", "tuples", "windows") in the
-    fused order; missing stores weigh 1.
+    Episodes (with dates), then tuples, then raw-turn windows under one date header per
+    session; each block in chronological order. With ``budget``, items are taken in fused
+    rank order across stores until no further one fits; ``count_tokens`` (the answer model's
+    ``StructuredLLM.count_tokens``) is then required. ``source_weights`` weighs each store's
+    ranking ("episodes", "tuples", "windows") in the fused order; missing stores weigh 1.
     """
     candidates = _fused_order(result, source_weights)
     evidence = _evidence_turns(result)

@@ -1,4 +1,4 @@
-"""``hybridmem eval``: benchmark runs and their reports (a typer sub-app mounted by ``cli.py``).
+"""``hybridmem eval``: benchmark runs and their reports (a typer sub-app mounted by ``cli/main.py``).
 
 hybridmem eval locomo --data locomo10.json --config configs/vllm-offline.yaml --out runs/locomo
 hybridmem eval locomo --data locomo10.json --systems hybrid,rag --retrieval-only --out runs/recall

@@ -1,4 +1,4 @@
-"""The service commands of ``hybridmem`` (mounted by ``cli.py``): ``serve`` (HTTP API and MCP),
+"""The service commands of ``hybridmem`` (mounted by ``cli/main.py``): ``serve`` (HTTP API and MCP),
 ``mcp`` (MCP over stdio) and ``keys`` (the service's API keys)."""
 
 from __future__ import annotations

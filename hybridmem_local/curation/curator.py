@@ -25,7 +25,7 @@ Flow of one session:
 4. Each reply is checked: ``source_turn_ids`` must name turns of the window the model was
    shown (others are dropped and reported in ``dropped_turn_ids``); a memory left with no
    valid id is kept, its content is not at fault, and *aligned* to the window's turns by
-   lexical + embedding similarity (``provenance.py``; provenance ``aligned``, where kept ids
+   lexical + embedding similarity (``text/alignment.py``; provenance ``aligned``, where kept ids
    give ``cited``), so every curated memory leads back to its evidence. Without ``embed``
    such a memory keeps an empty list. A timestamp that is not a real date falls back to the
    session date. Window results are concatenated in turn order.

@@ -45,7 +45,7 @@ from hybridmem_local.schema import (
     TupleDraft,
 )
 from hybridmem_local.storage.store import MemoryStore
-from hybridmem_local.text.alignment import memory_text
+from hybridmem_local.text.alignment import content_text
 
 Draft = EpisodeDraft | TupleDraft
 _NON_WORD = re.compile(r"[\W_]+")
@@ -61,7 +61,7 @@ Vectors = Callable[[Sequence[str]], np.ndarray]
 def compared_text(memory: Draft) -> str:
     """A memory's content fields (not its timestamp or provenance) without turn-id references
     and the list markers that start a field."""
-    return TURN_REFERENCE.sub(" ", LIST_MARKER.sub("", memory_text(memory)))
+    return TURN_REFERENCE.sub(" ", LIST_MARKER.sub("", content_text(memory)))
 
 
 def content_key(memory: Draft) -> str:

@@ -12,7 +12,7 @@ For each conversation (a LoCoMo sample, a LongMemEval instance):
    works on a copy consolidated after ingest (``STORES/<namespace>.consolidated-mcsN.db``,
    one per min_cluster_size), so curation runs once per conversation.
 2. **Questions**, per system, in batches of ``batch_size``: the system builds each context
-   (``systems.py``), one batched LLM call answers them all (``answering.answer_many``, in
+   (``systems.py``), one batched LLM call answers them all (``answerer.answer_many``, in
    ``answering.mode``), one batched call judges them (``eval/judge.py``), and the metrics are
    computed (``records.py``). Each batch is appended to ``predictions.jsonl`` as soon as it
    is done. Options live in ``options.py``, LLM accounting in ``accounting.py``.

@@ -1,6 +1,6 @@
 """Systems under test: how each one builds the context an answer is written from.
 
-Every system answers with the same prompt and the same LLM (``answering.py``); they differ
+Every system answers with the same prompt and the same LLM (``answering/``); they differ
 only in what the answer model is shown:
 
 ==========================  ==================================================================
@@ -10,7 +10,7 @@ only in what the answer model is shown:
 ``relational-only``         top-2k tuples (appendix D)
 ``full-context``            the whole history as raw turns under session dates, cut to the
                             answer model's context keeping the most recent turns
-``rag``                     raw-turn evidence windows (``windows.py``) filling a token budget
+``rag``                     raw-turn evidence windows (``indexes/windows.py``) filling a token budget
                             (paper: RAG-4096)
 ==========================  ==================================================================
 
@@ -143,7 +143,7 @@ class SystemSettings:
 
 
 class RetrievalSystem:
-    """Searches the namespace's stores and renders the result (``retrieval.format_context``).
+    """Searches the namespace's stores and renders the result (``answering.context.format_context``).
 
     Subclasses name the stores they search; ``sources = None`` keeps the configured ones.
     """
@@ -243,7 +243,7 @@ class RelationalOnlySystem(RetrievalSystem):
 class RagSystem(RetrievalSystem):
     """Raw-turn evidence windows, taken in rank order until ``rag_budget`` tokens are full.
 
-    Needs no curation: windows are built from the stored turns (``windows.py``).
+    Needs no curation: windows are built from the stored turns (``indexes/windows.py``).
     """
 
     name = "rag"

@@ -29,8 +29,7 @@ from hybridmem_local.files.readers import (
     read_json_lines,
     read_json_list,
 )
-from hybridmem_local.schema import Episode, RelationalTuple, Session, Turn, check_namespace
-from hybridmem_local.storage.store import SessionRecord
+from hybridmem_local.schema import Episode, RelationalTuple, Session, SessionRecord, Turn, check_namespace
 
 __all__ = [
     "LocomoReader",

@@ -2,7 +2,7 @@
 
 One index per (namespace, source) — episodes, tuples, evidence windows — beside the hnswlib
 index of the same source, and like it a rebuildable cache of SQLite caught up by
-``indexes.StoreIndexes``: documents are added and removed one by one (only new documents are
+``store_indexes.StoreIndexes``: documents are added and removed one by one (only new documents are
 tokenized), so a write costs the next search milliseconds, not a rebuild of the whole index
 (bm25s itself cannot add or remove documents; it is used for tokenizing only). Scores are
 computed at query time from term frequencies, document lengths and document frequencies,
@@ -17,7 +17,7 @@ On disk, in ``<store>.indexes/<namespace>/``:
   ``indptr.npy``/``indices.npy``/``data.npy`` (each document's term ids and counts, CSR) and
   ``vocab.json`` (the terms).
 
-Saving follows ``files.GenerationFiles`` (a crash leaves the old index or the new one, never
+Saving follows ``files.paths.GenerationFiles`` (a crash leaves the old index or the new one, never
 a mix); a missing, unreadable or foreign index is rebuilt, never an error. Files are 0600 and
 folders 0700: they hold words of private conversations.
 """
@@ -60,8 +60,8 @@ def _query_terms(query: str) -> tuple[str, ...]:
     return tuple(tokenize([query])[0])
 
 
-def memory_text(memory: Episode | RelationalTuple) -> str:
-    """What BM25 sees of a memory: an episode's title, summary and details, a tuple's NL string.
+def bm25_document(memory: Episode | RelationalTuple) -> str:
+    """What BM25 indexes of a memory: an episode's title, summary and details, a tuple's NL string.
 
     Dense search reads an episode's ``details`` only (paper §3.3); lexical search also gets
     the title and summary, whose names and key words are what an exact-match query hits. A
@@ -272,7 +272,7 @@ class LexicalIndex:
         self._scoring = None
 
     def save(self) -> None:
-        """Persist a changed index as a new build (``files.GenerationFiles``)."""
+        """Persist a changed index as a new build (``files.paths.GenerationFiles``)."""
         if not self._dirty or not self._loaded:
             return
         live = sorted(self._slot_of.items())

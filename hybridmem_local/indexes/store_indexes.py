@@ -1,9 +1,9 @@
 """The index layer: every rebuildable cache of one store, kept in step with it in one way.
 
 For each namespace and source (``episode``, ``tuple``, ``window``) there is an hnswlib index
-(``index.py``) and a BM25 index (``lexical.py``); windows themselves (``windows.py``) are
+(``vectors.py``) and a BM25 index (``bm25.py``); windows themselves (``windows.py``) are
 derived from the stored turns. All of them live beside the store in
-``<store>.indexes/<namespace>/`` and save through ``files.GenerationFiles``.
+``<store>.indexes/<namespace>/`` and save through ``files.paths.GenerationFiles``.
 
 How they stay in step with SQLite, whichever process wrote:
 
@@ -47,7 +47,7 @@ SourceKind = Literal["episode", "tuple", "window"]
 MEMORY_KINDS: tuple[MemoryKind, ...] = ("episode", "tuple")
 SOURCE_KINDS: tuple[SourceKind, ...] = (*MEMORY_KINDS, WINDOW_KIND)
 
-#: Changing what ``lexical.memory_text`` returns must change this, so old BM25 indexes rebuild.
+#: Changing what ``bm25.bm25_document`` returns must change this, so old BM25 indexes rebuild.
 MEMORY_RECIPE = "memory-v1: episode title+summary+details; tuple render()"
 
 Marker = tuple[int, int]
@@ -233,7 +233,7 @@ class StoreIndexes:
 
     def _memory_texts(self, ids: np.ndarray) -> list[str]:
         rows = self.store.get_memories([int(i) for i in ids])
-        return [memory_text(rows[int(i)]) for i in ids]
+        return [bm25_document(rows[int(i)]) for i in ids]
 
     # ------------------------------------------------------------------ lifecycle
 

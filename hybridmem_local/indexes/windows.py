@@ -9,7 +9,7 @@ optional third source of the hybrid system (``retrieval.sources: [episodes, tupl
 
 Turns are only ever inserted (``forget`` removes a namespace whole), so ``(count, max key)``
 of a namespace's turns is an exact change marker: windows are reloaded only when it moves
-(their indexes live in ``indexes.py`` with the memories').
+(their indexes live in ``store_indexes.py`` with the memories').
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 loads weights in this process (llama.cpp, transformers, vLLM offline), so no hub library can
 reach the network or send telemetry at run time; the ``openai-server`` backend talks only to
 the server its config names. Model files come from :mod:`hybridmem_local.models.registry`; the
-only download is ``hybridmem models download`` (``model_registry.download(...,
+only download is ``hybridmem models download`` (``registry.download(...,
 allow_network=True)``). No config setting opens the network.
 """
 

@@ -4,10 +4,10 @@ No LLM call happens here. For each store named in ``retrieval.sources`` (episode
 raw-turn evidence windows) the retriever ranks by
 
 * ``dense``: one query embedding, one hnswlib lookup — the paper's setting;
-* ``lexical``: BM25 over stemmed words (``lexical.py``);
+* ``lexical``: BM25 over stemmed words (``indexes/bm25.py``);
 * ``hybrid``: both, each ``candidate_depth`` deep, fused by reciprocal rank fusion (``fusion.py``);
 
-each from the namespace's indexes (``indexes.py``), caught up with the store on use. The
+each from the namespace's indexes (``indexes/store_indexes.py``), caught up with the store on use. The
 stores' rankings run on a small thread pool: BM25 while the query is embedded, then the
 hnswlib lookups side by side (search p95 / query-embedding p95 with the default sources at
 100k memories + 90k windows: 1.45–1.48× → 1.34–1.41×, docs/benchmarks.md §1). Results are the same as
@@ -16,9 +16,9 @@ ranked one by one.
 A search returns the top-k episodes, top-2k tuples and top-k windows (the paper's fixed
 selection over the stores searched); asked for ``candidates`` (an answer with
 ``retrieval.context_budget`` set) it returns every candidate, and
-``format_context(result, budget=..., count_tokens=...)`` fills the budget in fused rank order
-across stores (``context.py``). ``format_context`` renders the block an answer prompt shows,
-with short ids (E1, T3, W2) the answer can cite.
+answering's ``format_context(result, budget=..., count_tokens=...)`` fills the budget in fused
+rank order across stores (``answering/context.py``): it renders the block an answer prompt
+shows, with short ids (E1, T3, W2) the answer can cite.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from hybridmem_local.answering.context import RenderedContext, assemble_context
 from hybridmem_local.config import RetrievalConfig
 from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.retrieval.fusion import reciprocal_rank_fusion
@@ -268,19 +267,3 @@ def fuse(dense: Ranking, lexical: Ranking, config: RetrievalConfig) -> Ranking:
 def _hits(ranked: Sequence[tuple[int, float]], rows: dict[int, Episode | RelationalTuple]) -> list[Hit]:
     # A row can vanish between index lookup and fetch only through another process's forget.
     return [Hit(memory=rows[mid], score=score) for mid, score in ranked if mid in rows]
-
-
-def format_context(
-    result: SearchResult,
-    budget: int | None = None,
-    count_tokens: Callable[[str], int] | None = None,
-    source_weights: Mapping[str, float] | None = None,
-) -> RenderedContext:
-    """Render a search result: everything it holds, or as much as fits ``budget`` tokens.
-
-    Episodes (with dates), then tuples, then raw-turn windows under one date header per
-    session; each block in chronological order. With ``budget``, items are taken in fused
-    rank order across stores until no further one fits; ``count_tokens`` (the answer model's
-    ``StructuredLLM.count_tokens``) is then required.
-    """
-    return assemble_context(result, budget=budget, count_tokens=count_tokens, source_weights=source_weights)

@@ -52,6 +52,7 @@ from hybridmem_local.schema import (
     RelationalTuple,
     SearchResult,
     Session,
+    SessionRecord,
     TupleDraft,
     check_namespace,
 )

@@ -43,10 +43,10 @@ from hybridmem_local.embedding import Embedder, build_embedder
 from hybridmem_local.errors import AskTimeoutError, NotReadyError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.schema import Session
+from hybridmem_local.schema import Session, SessionRecord
 from hybridmem_local.service.keys import KeyRing
 from hybridmem_local.service.worker import CurationWorker
-from hybridmem_local.storage.store import MemoryStore, SessionRecord
+from hybridmem_local.storage.store import MemoryStore
 
 log = logging.getLogger(__name__)
 

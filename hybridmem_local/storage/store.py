@@ -47,6 +47,7 @@ from hybridmem_local.schema import (
     Provenance,
     RelationalTuple,
     Session,
+    SessionRecord,
     TupleDraft,
     Turn,
     check_namespace,
@@ -188,14 +189,6 @@ class Event(BaseModel):
     reason: str | None
 
 
-class SessionRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    session: Session
-    curation_status: str
-    curation_error: str | None = None
-
-
 class ApiKeyRow(BaseModel):
     """One stored API key: what it may reach, and the salted hash its secret is checked against."""
 
@@ -301,7 +294,7 @@ class MemoryStore:
     def change_marker(self) -> tuple[int, int]:
         """Moves on every commit that can change what an index holds: ``PRAGMA data_version``
         changes when another connection commits, the last event id when this one writes a
-        memory or a session (each logs an event). The one staleness check of ``indexes.py``."""
+        memory or a session (each logs an event). The one staleness check of ``indexes/store_indexes.py``."""
         version = self.conn.execute("PRAGMA data_version").fetchone()[0]
         return version, self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
 
