@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from hybridmem_local.answering.answerer import Answer
     from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
     from hybridmem_local.memory import Stats
-    from hybridmem_local.storage.store import Event, SessionRecord
+    from hybridmem_local.schema import SessionRecord
+    from hybridmem_local.storage.store import Event
 
 
 class MemoryAPI(Protocol):

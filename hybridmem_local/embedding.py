@@ -76,7 +76,7 @@ class SentenceTransformerEmbedder:
 class HashingEmbedder:
     """Feature hashing of words: a deterministic embedder with no model file.
 
-    A text's features are its words as BM25 sees them (``tokens.tokenize``: lower-cased,
+    A text's features are its words as BM25 sees them (``text.stems.tokenize``: lower-cased,
     English stopwords dropped, Snowball-stemmed) and each pair of adjacent words, so word order
     counts a little. scikit-learn's ``HashingVectorizer`` hashes them (signed MurmurHash3, which
     cancels collisions in expectation) into ``dimension`` buckets, and each row is L2-normalised.
@@ -108,7 +108,7 @@ class HashingEmbedder:
         )
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        from hybridmem_local.tokens import tokenize
+        from hybridmem_local.text.stems import tokenize
 
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)

@@ -55,7 +55,7 @@ from hybridmem_local.schema import (
     check_namespace,
     utcnow,
 )
-from hybridmem_local.storage.store import Event, MemoryStore, SessionRecord, text_hash
+from hybridmem_local.storage.store import Event, MemoryStore, text_hash
 from hybridmem_local.usage import LLMUsage
 
 if TYPE_CHECKING:

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from hybridmem_local.indexes.bm25 import LexicalIndex, LexicalManifest, memory_text
+from hybridmem_local.indexes.bm25 import LexicalIndex, LexicalManifest, bm25_document
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Episode, MemoryStatus, RelationalTuple
-from hybridmem_local.tokens import tokenize
+from hybridmem_local.text.stems import tokenize
 from tests.factories import make_episode, make_tuple
 
 DOCS = {

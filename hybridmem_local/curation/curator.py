@@ -65,8 +65,8 @@ from hybridmem_local.schema import (
     Turn,
     clean_cited_id,
 )
-from hybridmem_local.text.alignment import Aligner, AlignmentSettings, Embed, memory_text
-from hybridmem_local.tokens import tokenize
+from hybridmem_local.text.alignment import Aligner, AlignmentSettings, Embed, content_text
+from hybridmem_local.text.stems import tokenize
 from hybridmem_local.usage import LLMUsage
 
 log = logging.getLogger(__name__)
@@ -563,7 +563,7 @@ class Curator:
             return checked
         memories: list[EpisodeDraft | TupleDraft] = [*checked.episodes, *checked.tuples]
         bare = [m for m in memories if not m.source_turn_ids]
-        found = self.aligner.align_all([memory_text(m) for m in bare], window.turns)
+        found = self.aligner.align_all([content_text(m) for m in bare], window.turns)
         turns_of = {id(m): ids for m, ids in zip(bare, found, strict=True)}
         checked.episodes = [_aligned(m, turns_of) for m in checked.episodes]
         checked.tuples = [_aligned(m, turns_of) for m in checked.tuples]

@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import AwareDatetime, Field
 
+from hybridmem_local.answering.context import format_context
 from hybridmem_local.config import Config, RetrievalConfig, SearchSource
 from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.indexes.windows import with_source_turns
-from hybridmem_local.retrieval.retriever import Retriever, format_context
+from hybridmem_local.retrieval.retriever import Retriever
 from hybridmem_local.schema import Hit, Provenance, SearchResult, Session, StrictModel, turn_line
 from hybridmem_local.storage.store import MemoryStore
 

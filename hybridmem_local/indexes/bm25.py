@@ -39,7 +39,7 @@ from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.files.paths import GenerationFiles
 from hybridmem_local.indexes.vectors import SyncReport
 from hybridmem_local.schema import Episode, RelationalTuple
-from hybridmem_local.tokens import TOKENIZER, tokenize
+from hybridmem_local.text.stems import TOKENIZER, tokenize
 
 log = logging.getLogger(__name__)
 

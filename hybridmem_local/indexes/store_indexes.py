@@ -34,7 +34,7 @@ import numpy as np
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder
 from hybridmem_local.errors import StoreError
-from hybridmem_local.indexes.bm25 import LexicalIndex, memory_text
+from hybridmem_local.indexes.bm25 import LexicalIndex, bm25_document
 from hybridmem_local.indexes.vectors import SyncReport, VectorIndex
 from hybridmem_local.indexes.windows import WINDOW_KIND, WindowSet
 from hybridmem_local.schema import EvidenceWindow, MemoryKind

@@ -50,6 +50,7 @@ from hybridmem_local.schema import (
     MemoryKind,
     Message,
     SearchResult,
+    SessionRecord,
     StrictModel,
     TupleDraft,
     Turn,
@@ -82,7 +83,6 @@ from hybridmem_local.service.operations import (
     Writer,
 )
 from hybridmem_local.service.state import ServiceState
-from hybridmem_local.storage.store import SessionRecord
 
 #: Where ``hybridmem serve`` answers MCP.
 MCP_PATH = "/mcp"

@@ -34,6 +34,7 @@ from hybridmem_local.schema import (
     RelationalTuple,
     SearchResult,
     Session,
+    SessionRecord,
     TupleDraft,
     check_namespace,
 )
@@ -50,7 +51,7 @@ from hybridmem_local.service.models import (
     invalid_input,
 )
 from hybridmem_local.service.state import ServiceState
-from hybridmem_local.storage.store import Event, SessionRecord
+from hybridmem_local.storage.store import Event
 
 # --------------------------------------------------------------------------- who may act on which namespace
 

@@ -28,6 +28,7 @@ from hybridmem_local.schema import (
     Message,
     RelationalTuple,
     SearchResult,
+    SessionRecord,
     StrictModel,
     TupleDraft,
 )
@@ -49,7 +50,7 @@ from hybridmem_local.service.models import (
 )
 from hybridmem_local.service.operations import Admin, Handle, KeyAdmin, KeyScope, Operations, Reader, Writer
 from hybridmem_local.service.worker import WorkerStatus
-from hybridmem_local.storage.store import Event, SessionRecord
+from hybridmem_local.storage.store import Event
 
 # --------------------------------------------------------------------------- request / response models
 

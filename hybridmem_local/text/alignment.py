@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybridmem_local.schema import EpisodeDraft, TupleDraft, Turn, turn_line
-from hybridmem_local.tokens import tokenize
+from hybridmem_local.text.stems import tokenize
 
 #: Embeds texts into L2-normalised rows (``Embedder.embed``).
 Embed = Callable[[Sequence[str]], np.ndarray]
@@ -44,7 +44,7 @@ class AlignmentSettings(BaseModel):
     lexical_weight: float = Field(ge=0.0, le=1.0)
 
 
-def memory_text(memory: EpisodeDraft | TupleDraft) -> str:
+def content_text(memory: EpisodeDraft | TupleDraft) -> str:
     """What a memory is aligned by: an episode's title, summary and details; a tuple's fields."""
     parts: tuple[str, ...]
     if isinstance(memory, EpisodeDraft):

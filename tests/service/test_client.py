@@ -27,9 +27,18 @@ from hybridmem_local.errors import (
     RateLimitedError,
     UnauthorizedError,
 )
-from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple, SearchResult, Session, TupleDraft, Turn
+from hybridmem_local.schema import (
+    Episode,
+    EpisodeDraft,
+    RelationalTuple,
+    SearchResult,
+    Session,
+    SessionRecord,
+    TupleDraft,
+    Turn,
+)
 from hybridmem_local.service.client import HybridMemoryClient
-from hybridmem_local.storage.store import Event, SessionRecord
+from hybridmem_local.storage.store import Event
 from tests.fake_vllm_server import ChatServer, Sleep
 from tests.service.http_harness import live_service
 from tests.service.scripted_llm import ANSWER, llm_settings, respond
