@@ -193,8 +193,8 @@ class HybridMemory:
         stored = self._ingest([session], curate=True, report=report, on_progress=None)
         ids = stored.get((session.namespace, session.session_id), [])
         return AddSessionResult(
-            session=self.store.get_session(session.namespace, session.session_id),
-            memories=list(self.store.get_memories(ids).values()),
+            session=self.store.sessions.get(session.namespace, session.session_id),
+            memories=list(self.store.memories.get_many(ids).values()),
             report=report,
         )
 
@@ -254,12 +254,12 @@ class HybridMemory:
     ) -> dict[tuple[str, str], list[int]]:
         """Store the sessions not stored yet (curated, or queued); returns the memory ids stored
         per (namespace, session id)."""
-        new = [s for s in sessions if not self.store.has_session(s.namespace, s.session_id)]
+        new = [s for s in sessions if not self.store.sessions.exists(s.namespace, s.session_id)]
         report.skipped += len(sessions) - len(new)
         if not (curate and self.config.curation.mode == "sync"):
             for session in new:
                 try:
-                    self.store.insert_session(session, curation_status="pending")
+                    self.store.sessions.insert(session, curation_status="pending")
                     report.stored += 1
                 except DuplicateSessionError:  # another process stored it since the check above
                     report.skipped += 1
@@ -365,11 +365,11 @@ class HybridMemory:
         else:
             log.warning("curation of session %s failed: %s", session.session_id, outcome.error)
             if already_stored:
-                self.store.set_curation_status(
+                self.store.sessions.set_curation_status(
                     session.namespace, session.session_id, "curation_failed", outcome.error, require_uncurated=True
                 )
             else:
-                self.store.insert_session(session, curation_status="curation_failed", curation_error=outcome.error)
+                self.store.sessions.insert(session, curation_status="curation_failed", curation_error=outcome.error)
             report.failed += 1
         report.stored += 0 if already_stored else 1
         return ids
@@ -434,7 +434,7 @@ class HybridMemory:
             plan = plan_duplicates(
                 memories,
                 list(every_vector),
-                candidates=lambda kind, timestamp: self.store.duplicate_candidates(
+                candidates=lambda kind, timestamp: self.store.memories.duplicate_candidates(
                     namespace, kind, timestamp, source_session_id
                 ),
                 vectors_of=lambda stored_texts: self.indexes.embed(namespace, stored_texts),
@@ -443,19 +443,19 @@ class HybridMemory:
             )
         with self.store.transaction():
             if session is not None:
-                self.store.insert_session(session, curation_status="curated", prompt_version=prompt_version)
+                self.store.sessions.insert(session, curation_status="curated", prompt_version=prompt_version)
             elif source_session_id is not None:
-                self.store.set_curation_status(
+                self.store.sessions.set_curation_status(
                     namespace,
                     source_session_id,
                     "curated",
                     prompt_version=prompt_version,
                     require_uncurated=require_uncurated,
                 )
-            ids = self.store.insert_memories(
+            ids = self.store.memories.insert(
                 namespace, plan.new if plan else memories, source_session_id=source_session_id
             )
-            self.store.put_embeddings(namespace, self.embedder.model_id, missing, vectors)
+            self.store.embedding_cache.put(namespace, self.embedder.model_id, missing, vectors)
             if plan is not None:
                 ids = fold_repeats(self.store, plan, ids)
         return ids, len(plan.repeats) if plan else 0
@@ -467,7 +467,7 @@ class HybridMemory:
         if not cited:
             return
         known = {t.turn_id for t in session.turns} if session is not None else set()
-        unknown = cited - known - self.store._existing_turn_ids(namespace, sorted(cited - known))
+        unknown = cited - known - self.store.sessions.existing_turn_ids(namespace, sorted(cited - known))
         if unknown:
             raise InvalidInputError(
                 f"source_turn_ids name turns that namespace {namespace!r} does not have: {sorted(unknown)[:5]}"
@@ -514,13 +514,15 @@ class HybridMemory:
         run_id: int | None = None,
     ) -> list[int]:
         """The one step behind ``update`` and a consolidation merge: each new record stored as the
-        active successor of its sources (``MemoryStore.supersede``), embedded before the
+        active successor of its sources (``store.memories.supersede``), embedded before the
         transaction (a failure there changes nothing). Joins the caller's transaction."""
         missing, vectors, _ = self.indexes.for_write(namespace, [new.index_text() for _, new in replacements])
         with self.store.transaction():
-            self.store.put_embeddings(namespace, self.embedder.model_id, missing, vectors)
+            self.store.embedding_cache.put(namespace, self.embedder.model_id, missing, vectors)
             return [
-                self.store.supersede(namespace, list(sources), new, reason=reason, action=action, run_id=run_id)
+                self.store.memories.supersede(
+                    namespace, list(sources), new, reason=reason, action=action, run_id=run_id
+                )
                 for sources, new in replacements
             ]
 
@@ -530,12 +532,12 @@ class HybridMemory:
         memory = self.get(memory_id, namespace=namespace)
         if memory.status == MemoryStatus.deleted:
             return
-        self.store.set_status(memory_id, MemoryStatus.deleted, reason=reason)
+        self.store.memories.set_status(memory_id, MemoryStatus.deleted, reason=reason)
 
     def forget(self, namespace: str) -> dict[str, int]:
         """Remove every trace of a namespace: rows, history, vectors, index files, exports."""
         check_namespace(namespace)
-        exports = self.store.exports(namespace)
+        exports = self.store.namespaces.exports(namespace)
         counts = self.store.forget_namespace(namespace)
         self.indexes.forget(namespace)
         for path in exports:
@@ -582,7 +584,7 @@ class HybridMemory:
         """Consolidate when ``consolidation.every_n_sessions`` sessions were stored since the last
         run (0 = never); the run resets the count."""
         every = self.config.consolidation.every_n_sessions
-        if every == 0 or self.store.sessions_since_consolidation(namespace) < every:
+        if every == 0 or self.store.runs.sessions_since_last(namespace) < every:
             return None
         return self.consolidate(namespace, llm=llm, clusterer=clusterer)
 
@@ -603,11 +605,9 @@ class HybridMemory:
         report.dry_run, report.merged, report.deleted = False, {}, {}
         applied = []
         with self.store.transaction():
-            run_id = report.run_id = self.store.start_consolidation_run(
-                namespace, report.backend, run_params(self.config, report)
-            )
+            run_id = report.run_id = self.store.runs.start(namespace, report.backend, run_params(self.config, report))
             for group_plan in plan.groups:
-                stale = self.store.not_active(group_plan.touched_ids())
+                stale = self.store.memories.not_active(group_plan.touched_ids())
                 if stale:
                     report.skipped.append(
                         SkippedGroup(group=group_plan.group, error=f"memories {stale} changed since planning")
@@ -625,14 +625,14 @@ class HybridMemory:
                     merge.merged_id = merged_id
                     report.merged[merged_id] = merge.source_ids
                 for deletion in group_plan.deletions:
-                    self.store.set_status(
+                    self.store.memories.set_status(
                         deletion.memory_id, MemoryStatus.deleted, reason=deletion.reason, run_id=run_id
                     )
                     report.deleted[deletion.memory_id] = deletion.reason
                 applied.append(group_plan)
             count_outcome(report, applied)
             report.timings.apply_s = time.perf_counter() - started
-            self.store.finish_consolidation_run(run_id, namespace, report.model_dump_json())
+            self.store.runs.finish(run_id, namespace, report.model_dump_json())
         log.info(
             "consolidation run %d on %s: %d → %d memories",
             run_id,
@@ -663,7 +663,7 @@ class HybridMemory:
         with self.store.transaction():
             plan = plan_undo(self.store, run_id)
             for memory_id, before in plan.restore.items():
-                self.store.set_status(
+                self.store.memories.set_status(
                     memory_id,
                     MemoryStatus(before["status"]),
                     reason=before["status_reason"],
@@ -672,10 +672,10 @@ class HybridMemory:
                     action="undo",
                 )
             for memory_id in plan.merged_ids:
-                self.store.set_status(
+                self.store.memories.set_status(
                     memory_id, MemoryStatus.deleted, reason=f"undo of run {run_id}", run_id=run_id, action="undo"
                 )
-            self.store.mark_consolidation_run_undone(run_id)
+            self.store.runs.mark_undone(run_id)
         return UndoReport(
             run_id=run_id, namespace=plan.namespace, restored=len(plan.restore), removed=len(plan.merged_ids)
         )
@@ -696,15 +696,17 @@ class HybridMemory:
             raise InvalidInputError(f"older_than must not be negative, got {older_than}")
         cutoff = utcnow() - older_than
         with self.store.transaction():
-            candidates = self.store.retired_before(namespace, cutoff)
-            doomed = _unreferenced(candidates, self.store.superseded_pointers(namespace))
+            candidates = self.store.memories.retired_before(namespace, cutoff)
+            doomed = _unreferenced(candidates, self.store.memories.superseded_pointers(namespace))
             ids = sorted(doomed)
             remaining_texts = {
                 text_hash(m.index_text())
-                for m in self.store.list_memories(namespace, status=None)
+                for m in self.store.memories.select(namespace, status=None)
                 if m.id not in doomed
             }
-            purged_texts = {text_hash(m.index_text()) for m in self.store.get_memories(ids).values()} - remaining_texts
+            purged_texts = {
+                text_hash(m.index_text()) for m in self.store.memories.get_many(ids).values()
+            } - remaining_texts
             events, embeddings = self.store.delete_memories(
                 namespace,
                 ids,
@@ -871,21 +873,21 @@ class HybridMemory:
         path = Path(path)
         with open(path, "w", encoding="utf-8", opener=owner_only_opener) as out:
             out.writelines(records)
-        self.store.record_export(namespace, path)
+        self.store.namespaces.record_export(namespace, path)
         return len(records)
 
     def export_records(self, namespace: str) -> builtins.list[str]:
         """The export's JSONL lines, each ending in a newline: sessions, then memories of any status."""
         check_namespace(namespace)
-        if namespace not in self.store.namespaces():
+        if namespace not in self.store.namespaces.names():
             raise NotFoundError(f"namespace {namespace!r} does not exist")
         sessions = [
             json.dumps({"type": "session", **json.loads(record.model_dump_json())}) + "\n"
-            for record in self.store.iter_sessions(namespace)
+            for record in self.store.sessions.select(namespace)
         ]
         memories = [
             json.dumps({"type": "memory", **json.loads(memory.model_dump_json())}) + "\n"
-            for memory in self.store.list_memories(namespace, status=None)
+            for memory in self.store.memories.select(namespace, status=None)
         ]
         return sessions + memories
 
@@ -898,7 +900,7 @@ class HybridMemory:
         old_to_new: dict[int, int] = {}
         with self.store.transaction():
             for record in sessions:
-                self.store.insert_session(record.session, curation_status=record.curation_status)
+                self.store.sessions.insert(record.session, curation_status=record.curation_status)
             for memory in memories:
                 (new_id,) = self.store.insert_memories(memory.namespace, [memory], action="import")
                 old_to_new[memory.stored_id] = new_id

@@ -250,7 +250,7 @@ def store_summary(memory: HybridMemory, namespace: str) -> dict:
             "SELECT curation_status, count(*) FROM sessions WHERE namespace = ? GROUP BY 1", (namespace,)
         ).fetchall()
     )
-    memories = memory.store.list_memories(namespace)
+    memories = memory.store.memories.select(namespace)
     repeats = conn.execute(
         "SELECT count(*) FROM events WHERE namespace = ? AND action = 'duplicate'", (namespace,)
     ).fetchone()[0]

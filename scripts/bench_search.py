@@ -287,8 +287,8 @@ def build_store(
     store = MemoryStore(db)
     start = time.perf_counter()
     with store.transaction():
-        store.insert_memories("bench", drafts)
-        store.put_embeddings("bench", model_id, texts, vectors)
+        store.memories.insert("bench", drafts)
+        store.embedding_cache.put("bench", model_id, texts, vectors)
     seconds = time.perf_counter() - start
     store.close()
     return {"memories": len(drafts), "insert_s": seconds}
@@ -319,7 +319,7 @@ def build_turns(
     start = time.perf_counter()
     with store.transaction():
         for s, first in enumerate(range(0, n, session_turns)):
-            store.insert_session(
+            store.sessions.insert(
                 Session(
                     session_id=f"s{s}",
                     namespace="bench",
@@ -343,7 +343,7 @@ def build_turns(
     )
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     with store.transaction():
-        store.put_embeddings("bench", model_id, [w.index_text() for w in windows.values()], vectors)
+        store.embedding_cache.put("bench", model_id, [w.index_text() for w in windows.values()], vectors)
     seconds = time.perf_counter() - start
     store.close()
     return {"turns": n, "windows": len(windows), "insert_s": seconds}

@@ -33,7 +33,7 @@ from hybridmem_local.llm.cache import CachedLLM
 from hybridmem_local.llm.replies import ChatBackend, Completion
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Episode, EpisodeDraft, MemoryStatus, RelationalTuple
-from hybridmem_local.storage.store import text_hash
+from hybridmem_local.storage.embedding_cache import text_hash
 from tests.factories import make_episode, make_session, make_tuple
 
 NS = "alice"
@@ -283,7 +283,7 @@ def test_dry_run_records_plan_and_real_run_replays_it_from_the_cache(memory, pla
     assert report.deleted == {planted["bakery"]: "outdated", planted["paris"]: "outdated"}
 
     # History: every change is an event carrying the run id.
-    events = memory.store.run_events(report.run_id)
+    events = memory.store.events.of_run(report.run_id)
     assert sorted(e.action for e in events) == ["deleted"] * 2 + ["merge"] * 2 + ["superseded"] * 5
     assert [e.action for e in memory.history(planted["hike2"])] == ["add", "superseded"]
 
@@ -355,7 +355,7 @@ def test_undo_restores_exact_rows_and_search_results(memory, planted):
         assert search_results(reopened) == before_search
 
     assert [e.action for e in memory.history(planted["hike1"])] == ["add", "superseded", "undo"]
-    assert [e.action for e in memory.store.run_events(report.run_id)].count("undo") == 9
+    assert [e.action for e in memory.store.events.of_run(report.run_id)].count("undo") == 9
     status = memory.store.conn.execute(
         "SELECT status FROM consolidation_runs WHERE id = ?", (report.run_id,)
     ).fetchone()[0]
@@ -555,12 +555,12 @@ def test_purge_removes_old_non_active_rows_their_vectors_and_history(memory, pla
     assert memory.purge(NS, older_than=timedelta(days=1)).memories == 0
 
     gone = sorted({i for sources in report.merged.values() for i in sources} | set(report.deleted))
-    gone_texts = {text_hash(m.index_text()) for m in memory.store.get_memories(gone).values()}
+    gone_texts = {text_hash(m.index_text()) for m in memory.store.memories.get_many(gone).values()}
     active_before = search_results(memory)
     result = memory.purge(NS, older_than=timedelta(0))
     assert result.memories == len(gone) == 7 and result.kept_referenced == 0
-    assert memory.store.get_memories(gone) == {}
-    assert all(memory.store.history(i) == [] for i in gone)
+    assert memory.store.memories.get_many(gone) == {}
+    assert all(memory.store.events.history(i) == [] for i in gone)
     hashes = {r[0] for r in memory.store.conn.execute("SELECT text_hash FROM embeddings WHERE namespace = ?", (NS,))}
     assert not hashes & gone_texts
     assert result.embeddings == len(gone_texts)
@@ -578,16 +578,16 @@ CHILD_STEP_SLEEP_S = 0.05
 
 def _child(db: str, cache: str, clusters: str, model_id: str, dim: str) -> None:
     """Apply the cached plan in a fresh process, printing a line after every status change."""
-    from hybridmem_local.storage import store as store_module
+    from hybridmem_local.storage.memories import Memories
 
-    original = store_module.MemoryStore.set_status
+    original = Memories.set_status
 
     def set_status_then_pause(self, *args, **kwargs):
         original(self, *args, **kwargs)
         print("step", flush=True)
         time.sleep(CHILD_STEP_SLEEP_S)
 
-    store_module.MemoryStore.set_status = set_status_then_pause
+    Memories.set_status = set_status_then_pause
     with (
         HybridMemory.open(db, embedder=CacheOnlyEmbedder(model_id, int(dim))) as memory,
         CachedLLM(RefusingLLM(), Path(cache)) as llm,

@@ -51,7 +51,7 @@ def count_tokens():
 @pytest.fixture
 def store(tmp_path):
     store = MemoryStore(tmp_path / "memory.db")
-    store.insert_session(SESSION)
+    store.sessions.insert(SESSION)
     yield store
     store.close()
 
@@ -63,8 +63,8 @@ def _memories(store: MemoryStore) -> tuple[Episode, RelationalTuple]:
         ),
         make_tuple("Biscuit", "chewed", "Bob's running shoes", ["s1:4", "s9:9"]),  # s9:9: not a stored turn
     ]
-    ids = store.insert_memories("alice", drafts)
-    memories = store.get_memories(ids)
+    ids = store.memories.insert("alice", drafts)
+    memories = store.memories.get_many(ids)
     return memories[ids[0]], memories[ids[1]]
 
 

@@ -16,7 +16,7 @@ THRESHOLD = 0.95
 @pytest.fixture
 def store(tmp_path):
     s = MemoryStore(tmp_path / "m.db")
-    s.insert_session(make_session("alice", 1))
+    s.sessions.insert(make_session("alice", 1))
     yield s
     s.close()
 
@@ -26,7 +26,7 @@ def plan(store, minilm, memories, session_id="s1", threshold=THRESHOLD):
     return plan_duplicates(
         memories,
         vectors,
-        candidates=lambda kind, timestamp: store.duplicate_candidates("alice", kind, timestamp, session_id),
+        candidates=lambda kind, timestamp: store.memories.duplicate_candidates("alice", kind, timestamp, session_id),
         vectors_of=minilm.embed,
         threshold=threshold,
         same_session=session_id is not None,
@@ -82,7 +82,7 @@ def test_exact_repeats_within_one_batch_become_one_new_memory(store, minilm):
 
 
 def test_a_repeat_of_a_stored_memory_points_at_its_row(store, minilm):
-    (stored,) = store.insert_memories(
+    (stored,) = store.memories.insert(
         "alice", [make_episode("Run", "Bob ran the Riverside 10K in 52 minutes.", ["s1:1"])], source_session_id="s1"
     )
     result = plan(
@@ -93,7 +93,7 @@ def test_a_repeat_of_a_stored_memory_points_at_its_row(store, minilm):
 
 
 def test_near_duplicates_above_the_threshold_are_repeats_and_distinct_facts_are_not(store, minilm):
-    store.insert_memories("alice", [make_episode("Run", "Bob ran the Riverside 10K in Portland in 52 minutes.")])
+    store.memories.insert("alice", [make_episode("Run", "Bob ran the Riverside 10K in Portland in 52 minutes.")])
     near = make_episode("Run", "Bob ran the Riverside 10K in Portland, in 52 minutes yesterday.")
     distinct = make_episode("Run", "Bob's coach Maria says he can run under 50 minutes by autumn.")
     vectors = minilm.embed([near.details, distinct.details, "Bob ran the Riverside 10K in Portland in 52 minutes."])
@@ -114,7 +114,7 @@ def test_a_near_match_with_other_numbers_is_another_memory(store, minilm):
 
 
 def test_the_same_text_at_another_date_in_another_session_is_another_event(store, minilm):
-    store.insert_memories(
+    store.memories.insert(
         "alice", [make_episode("Group", "Caroline went to the support group.", day=1)], source_session_id="s1"
     )
     result = plan(

@@ -21,7 +21,7 @@ def test_locomo_dev_file_round_trips_through_the_store(tmp_path, locomo_path):
         assert report.stored == len(sessions)
         assert memory.ingest(sessions, curate=False).skipped == len(sessions)  # idempotent
         for conversation in dataset.conversations:
-            stored = [r.session for r in memory.store.iter_sessions(conversation.sample_id)]
+            stored = [r.session for r in memory.store.sessions.select(conversation.sample_id)]
             assert stored == sorted(conversation.sessions, key=lambda s: s.started_at)
     raw = json.loads(locomo_path.read_text())
     first = raw[0]["conversation"]

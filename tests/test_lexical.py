@@ -226,7 +226,7 @@ def test_another_writer_is_caught_up_and_saved_indexes_are_reused(tmp_path, hash
         with HybridMemory.open(path, embedder=hashing_embedder) as writer:
             (new_id,) = writer.add_memories("alice", episodes=[make_episode("Second bakery", "Bob bought the bakery.")])
             old_id = next(m.id for m in writer.list("alice") if m.id != new_id)
-            writer.store.set_status(old_id, MemoryStatus.deleted, reason="test")
+            writer.store.memories.set_status(old_id, MemoryStatus.deleted, reason="test")
         assert [h.memory.id for h in reader.search("bakery", namespace="alice").episodes] == [new_id]
     manifest = tmp_path / "m.db.indexes" / "alice" / "episode.bm25.json"
     before = manifest.read_text()

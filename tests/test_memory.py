@@ -212,7 +212,7 @@ def test_export_import_round_trip(tmp_path, hashing_embedder):
         assert mem.import_(tmp_path / "alice.jsonl", namespace="alice2") == {"sessions": 1, "memories": 3}
         after = [(m.kind, m.render(), m.status, m.source_turn_ids) for m in mem.list("alice2", status=None)]
         assert after == before
-        assert mem.store.get_session("alice2", "s1").session.turns == session.turns
+        assert mem.store.sessions.get("alice2", "s1").session.turns == session.turns
         assert {h.memory.render() for h in mem.search("Where does Alice live?", namespace="alice2").tuples[:1]} == {
             "Alice — lives in — Oslo (2023-05-01)"
         }

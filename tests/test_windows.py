@@ -63,7 +63,7 @@ SESSIONS = [
 def test_windows_never_cross_a_session_boundary_and_keep_their_ids(tmp_path):
     store = MemoryStore(tmp_path / "m.db")
     for session in SESSIONS[:2]:
-        store.insert_session(session)
+        store.sessions.insert(session)
     windows = load_windows(store, "alice", 3, 1)
     by_session = {s.session_id: [t.turn_id for t in s.turns] for s in SESSIONS}
     for window in windows.values():
@@ -72,7 +72,7 @@ def test_windows_never_cross_a_session_boundary_and_keep_their_ids(tmp_path):
         assert window.session_date == next(s.started_at for s in SESSIONS if s.session_id == window.session_id)
     assert sorted(w.turn_ids[0] for w in windows.values()) == ["s1:0", "s1:1", "s1:2", "s2:0"]
     assert next(w for w in windows.values() if w.session_id == "s2").turn_ids == ["s2:0"]  # short session: one window
-    store.insert_session(SESSIONS[2])
+    store.sessions.insert(SESSIONS[2])
     grown = load_windows(store, "alice", 3, 1)
     assert {i: w for i, w in grown.items() if i in windows} == windows  # old ids still name the same turns
     assert [w.turn_ids for w in grown.values() if w.session_id == "s3"] == [["s3:0", "s3:1"]]

@@ -342,7 +342,7 @@ def plan_consolidation(
     """
     check_namespace(namespace)
     store = indexes.store
-    if namespace not in store.namespaces():
+    if namespace not in store.namespaces.names():
         raise NotFoundError(f"namespace {namespace!r} does not exist")
     if clusters is not None and set(clusters) - set(KINDS):
         raise InvalidInputError(
@@ -351,7 +351,7 @@ def plan_consolidation(
     report = ConsolidationReport(namespace=namespace, dry_run=True, backend="given" if clusters is not None else "")
     groups: list[tuple[Group, list[Memory]]] = []
     for kind in KINDS:
-        active = store.list_memories(namespace, kind)
+        active = store.memories.select(namespace, kind)
         stats = report.stores[kind] = StoreReport(memories_before=len(active))
         if clusters is not None:
             found = _given_clusters(namespace, kind, clusters.get(kind, ()), {m.stored_id: m for m in active})
@@ -386,14 +386,14 @@ def plan_undo(store: MemoryStore, run_id: int) -> UndoPlan:
     """Check that run ``run_id`` can be undone and say what undoing changes; raises
     ConsolidationError when it is undone already, or a memory it touched was purged or changed
     since (by a later run: undo that one first). Call it inside the transaction that applies it."""
-    row = store.consolidation_run(run_id)
+    row = store.runs.get(run_id)
     if row["status"] == "undone":
         raise ConsolidationError(f"consolidation run {run_id} is already undone")
     report = ConsolidationReport.model_validate_json(row["report"])
     changed_ids = sorted({i for sources in report.merged.values() for i in sources} | set(report.deleted))
     merged_ids = sorted(report.merged)
     touched = changed_ids + merged_ids
-    current = store.status_rows(touched)
+    current = store.memories.status_rows(touched)
     purged = [i for i in touched if i not in current]
     if purged:
         raise ConsolidationError(f"cannot undo consolidation run {run_id}: memories {purged[:10]} were purged since")
@@ -641,7 +641,7 @@ def _state(row: Mapping[str, Any] | None) -> tuple:
 
 
 def _conflict_message(store: MemoryStore, run_id: int, conflicts: list[int], last_event: Mapping[int, Any]) -> str:
-    later = store.events_after(conflicts, min(last_event[i].id for i in conflicts))
+    later = store.events.after(conflicts, min(last_event[i].id for i in conflicts))
     causes = sorted(
         {f"run {e.run_id}" if e.run_id is not None else f"a {e.action!r} event" for e in later if e.run_id != run_id}
     )

@@ -3,7 +3,7 @@
 A weak curation model writes the same memory several times (SmolLM2 stored one episode three
 times and one tuple six times in a session of the demo). A new memory that repeats an active
 memory of the same kind in its namespace is therefore not stored again: the existing row gains
-the new memory's source turns instead (``MemoryStore.add_source_turns``, a ``duplicate`` event).
+the new memory's source turns instead (``store.memories.add_source_turns``, a ``duplicate`` event).
 A repeat is
 
 * **exact**: the same content once case, punctuation and spacing are set aside
@@ -52,7 +52,7 @@ _NON_WORD = re.compile(r"[\W_]+")
 _NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
 
 #: Active memories of a kind that a new memory with this timestamp could repeat
-#: (``MemoryStore.duplicate_candidates`` with the namespace and session filled in).
+#: (``store.memories.duplicate_candidates`` with the namespace and session filled in).
 Candidates = Callable[[MemoryKind, str], list[Episode | RelationalTuple]]
 #: Vectors of index texts (from the embedding cache where it has them).
 Vectors = Callable[[Sequence[str]], np.ndarray]
@@ -192,5 +192,5 @@ def fold_repeats(store: MemoryStore, plan: DuplicatePlan, new_ids: Sequence[int]
         return new_ids[index] if where == "new" else index
 
     for repeat in plan.repeats:
-        store.add_source_turns(row(repeat.of), repeat.turn_ids, repeat.provenance, reason=repeat.reason)
+        store.memories.add_source_turns(row(repeat.of), repeat.turn_ids, repeat.provenance, reason=repeat.reason)
     return [row(slot) for slot in plan.slots]

@@ -300,7 +300,7 @@ class _Run:
             selected = {s.session_id for s in conversation.sessions}
             extra = [
                 r.session.session_id
-                for r in memory.store.iter_sessions(conversation.namespace)
+                for r in memory.store.sessions.select(conversation.namespace)
                 if r.session.session_id not in selected
             ]
             if extra:
@@ -332,7 +332,7 @@ class _Run:
         namespace = conversation.namespace
         retry = self.options.retry_failed and not self.options.retrieval_only
         statuses = ["pending"] + (["curation_failed"] if retry else [])
-        pending = [r for status in statuses for r in memory.store.iter_sessions(namespace, status)]
+        pending = [r for status in statuses for r in memory.store.sessions.select(namespace, status)]
         if pending and wanted and not self.options.retrieval_only:
             started = time.perf_counter()
             task = self.progress.add_task(f"curating {namespace}", total=len(pending))
@@ -346,13 +346,13 @@ class _Run:
             usage.wall_s = time.perf_counter() - started
             usage.units = len(pending)
             self._record_usage("curation", usage, conversation.conversation_id)
-            pending = list(memory.store.iter_sessions(namespace, "pending"))
+            pending = list(memory.store.sessions.select(namespace, "pending"))
             self.console.print(
                 f"{conversation.conversation_id}: curated {usage.units} sessions with {usage.requests} LLM requests "
                 f"({usage.model_calls} to the model) in {usage.wall_s:.0f}s"
             )
         self.curation_failed[conversation.conversation_id] = sum(
-            1 for _ in memory.store.iter_sessions(namespace, "curation_failed")
+            1 for _ in memory.store.sessions.select(namespace, "curation_failed")
         )
         return not pending
 

@@ -83,7 +83,7 @@ class StoreIndexes:
         embedder = self._embedder()
         if not texts:
             return np.zeros((0, embedder.dimension), dtype=np.float32)
-        cached = self.store.get_embeddings(namespace, embedder.model_id, texts)
+        cached = self.store.embedding_cache.get(namespace, embedder.model_id, texts)
         missing = sorted({t for t in texts if text_hash(t) not in cached})
         if missing:
             vectors = embedder.embed(missing)
@@ -97,7 +97,7 @@ class StoreIndexes:
         for it (a write's own transaction still fails as a whole)."""
         inside_write = self.store.conn.in_transaction
         try:
-            self.store.put_embeddings(namespace, model_id, texts, vectors)
+            self.store.embedding_cache.put(namespace, model_id, texts, vectors)
         except sqlite3.OperationalError as exc:
             if inside_write:
                 raise
@@ -108,7 +108,7 @@ class StoreIndexes:
         yet stored), and the vectors of all ``texts`` in order. A writer embeds before its
         transaction (a failure there changes nothing) and stores the missing ones in it."""
         embedder = self._embedder()
-        cached = self.store.get_embeddings(namespace, embedder.model_id, texts)
+        cached = self.store.embedding_cache.get(namespace, embedder.model_id, texts)
         missing = sorted({t for t in texts if text_hash(t) not in cached})
         empty = np.zeros((0, embedder.dimension), dtype=np.float32)
         vectors = embedder.embed(missing) if missing else empty
@@ -150,7 +150,7 @@ class StoreIndexes:
             ("dense", *key),
             index,
             lambda: index.sync(
-                self.store.active_ids(namespace, kind), lambda ids: self._memory_vectors(namespace, ids)
+                self.store.memories.active_ids(namespace, kind), lambda ids: self._memory_vectors(namespace, ids)
             ),
         )
         return index
@@ -177,7 +177,7 @@ class StoreIndexes:
         self._catch_up(
             ("lexical", *key),
             index,
-            lambda: index.sync(self.store.active_ids(namespace, kind), lambda ids: self._memory_texts(ids)),
+            lambda: index.sync(self.store.memories.active_ids(namespace, kind), lambda ids: self._memory_texts(ids)),
         )
         return index
 
@@ -228,11 +228,11 @@ class StoreIndexes:
             index.save()  # the next process loads it as caught up here
 
     def _memory_vectors(self, namespace: str, ids: np.ndarray) -> np.ndarray:
-        rows = self.store.get_memories([int(i) for i in ids])
+        rows = self.store.memories.get_many([int(i) for i in ids])
         return self.embed(namespace, [rows[int(i)].index_text() for i in ids])
 
     def _memory_texts(self, ids: np.ndarray) -> list[str]:
-        rows = self.store.get_memories([int(i) for i in ids])
+        rows = self.store.memories.get_many([int(i) for i in ids])
         return [bm25_document(rows[int(i)]) for i in ids]
 
     # ------------------------------------------------------------------ lifecycle
@@ -255,7 +255,7 @@ class StoreIndexes:
             )
             marker = self.store.change_marker()
             reports[kind] = index.sync(
-                self.store.active_ids(namespace, kind), lambda ids: self._memory_vectors(namespace, ids)
+                self.store.memories.active_ids(namespace, kind), lambda ids: self._memory_vectors(namespace, ids)
             )
             self._synced_at[("dense", namespace, kind)] = marker
             index.save()

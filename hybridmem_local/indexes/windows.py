@@ -50,7 +50,7 @@ def window_recipe(size: int, stride: int) -> str:
 def load_windows(store: MemoryStore, namespace: str, size: int, stride: int) -> dict[int, EvidenceWindow]:
     """Every window of a namespace by id, sessions in chronological order."""
     # Windows are derived data: the turns stay the truth.
-    rows = store.turn_rows(namespace)
+    rows = store.sessions.turn_rows(namespace)
     windows: dict[int, EvidenceWindow] = {}
     session_rows: list = []
     for row in rows + [None]:
@@ -67,7 +67,7 @@ def with_source_turns(store: MemoryStore, result: SearchResult) -> SearchResult:
     a one-turn window, so an answer context can show them beside (and merged with) the windows.
     Turn ids the namespace does not hold are left out; the memory still names them."""
     turn_ids = [t for memory in result.memories() for t in memory.source_turn_ids]
-    rows = store.turn_rows_by_id(result.namespace, turn_ids) if turn_ids else []
+    rows = store.sessions.turn_rows_by_id(result.namespace, turn_ids) if turn_ids else []
     return result.model_copy(
         update={
             "source_turns": [
@@ -118,7 +118,7 @@ class WindowSet:
         self._marker: tuple[int, int] | None = None
 
     def refresh(self) -> None:
-        marker = self.store.turns_marker(self.namespace)
+        marker = self.store.sessions.turns_marker(self.namespace)
         if marker != self._marker:
             self.windows = load_windows(self.store, self.namespace, self.size, self.stride)
             self._marker = marker

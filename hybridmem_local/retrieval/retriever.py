@@ -163,7 +163,7 @@ class Retriever:
                         limits[name],
                         filters,
                         started[kind],
-                        lambda ranking: _hits(ranking, self.store.get_memories([i for i, _ in ranking])),
+                        lambda ranking: _hits(ranking, self.store.memories.get_many([i for i, _ in ranking])),
                         lambda hit: filters.keeps_timestamp(hit.memory.timestamp),
                     )
                     setattr(result, name, hits)

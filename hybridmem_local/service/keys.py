@@ -121,7 +121,7 @@ class KeyRing:
         while True:  # 2^32 ids: a clash is rare but must not overwrite or fail
             key_id = secrets.token_hex(4)
             with self._lock:
-                if self.store.get_api_key(key_id) is None:
+                if self.store.api_keys.get(key_id) is None:
                     break
         row = ApiKeyRow(
             key_id=key_id,
@@ -134,14 +134,14 @@ class KeyRing:
             revoked_at=None,
         )
         with self._lock:
-            self.store.insert_api_key(row)
+            self.store.api_keys.insert(row)
         return _public(row), f"hm_{key_id}_{secret}"
 
     def authenticate(self, token: str) -> ApiKey | None:
         """The key ``token`` names if its secret matches and it is not revoked, else None."""
         match = KEY_PATTERN.match(token)
         with self._lock:
-            row = self.store.get_api_key(match.group(1)) if match else None
+            row = self.store.api_keys.get(match.group(1)) if match else None
         salt, expected = (row.salt, row.key_hash) if row is not None else (_DUMMY_SALT, _DUMMY_HASH)
         secret = match.group(2) if match else token
         matches = hmac.compare_digest(_hash(salt, secret), expected)
@@ -151,17 +151,17 @@ class KeyRing:
 
     def get(self, key_id: str) -> ApiKey:
         with self._lock:
-            row = self.store.get_api_key(key_id)
+            row = self.store.api_keys.get(key_id)
         if row is None:
             raise NotFoundError(f"no API key with id {key_id!r}")
         return _public(row)
 
     def list(self) -> list[ApiKey]:
         with self._lock:
-            rows = self.store.list_api_keys()
+            rows = self.store.api_keys.select()
         return [_public(row) for row in rows]
 
     def revoke(self, key_id: str) -> ApiKey:
         with self._lock:
-            row = self.store.revoke_api_key(key_id)
+            row = self.store.api_keys.revoke(key_id)
         return _public(row)

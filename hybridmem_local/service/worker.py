@@ -152,7 +152,7 @@ class CurationWorker:
 
     def status(self) -> WorkerStatus:
         with self._status_lock:
-            pending = self._status_store.count_sessions("pending")
+            pending = self._status_store.sessions.count("pending")
         return WorkerStatus(
             running=self.alive,
             pending=pending,

@@ -1,31 +1,25 @@
 """SQLite store: the single source of truth for sessions, memories, history and embeddings.
 
-Everything else (hnswlib and lexical indexes, LLM caches, reports) can be rebuilt from
-this file. Design choices:
+Everything else (hnswlib and lexical indexes, LLM caches, reports) can be rebuilt from this
+file. :class:`MemoryStore` is one connection (:class:`~hybridmem_local.storage.connection.Database`:
+pragmas, migrations, nested transactions) with one part per table, all over that connection::
 
-* One ``memories`` table for both stores (``kind`` = episode | tuple) so a memory id is
-  unique across the library: ``get``, ``delete`` and ``history`` take just an id, and the id
-  doubles as the hnswlib label.
-* Memory content is immutable once written; only ``status`` / ``superseded_by`` /
-  ``status_reason`` change, and the source turns grow (a union, never a loss) when curation
-  meets the same memory again (:meth:`MemoryStore.add_source_turns`). Consolidation inserts new
-  rows instead of editing old ones, so an index never holds a stale vector for a live id, and
-  undo is a status flip.
-* Every change is a row in the append-only ``events`` table with before/after JSON.
-* WAL mode + busy timeout: concurrent readers and writers in several processes wait for
-  each other instead of failing; each session is written in one transaction.
+    store.sessions          sessions and their turns        (storage/sessions.py)
+    store.memories          episodes and tuples             (storage/memories.py)
+    store.events            the append-only history         (storage/events.py)
+    store.runs              consolidation runs              (storage/runs.py)
+    store.api_keys          keys of ``hybridmem serve``     (storage/api_keys.py)
+    store.embedding_cache   vectors by text hash            (storage/embedding_cache.py)
+    store.namespaces        namespaces and export files     (storage/namespaces.py)
+
+A part's write that is called inside ``store.transaction()`` joins it as a savepoint, so a
+session and its memories are written together or not at all. What spans every table (counts,
+forgetting a namespace, purging memories) is a method of the store itself.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
-import os
-import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from datetime import datetime
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -227,91 +221,14 @@ class MemoryStore:
     """Typed access to one SQLite database file (``":memory:"`` works for throwaway use)."""
 
     def __init__(self, path: str | Path, busy_timeout_ms: int = 30_000):
-        self.path = Path(path) if str(path) != ":memory:" else None
-        if self.path is not None:
-            if not self.path.parent.exists():
-                raise StoreError(f"cannot open store {self.path}: directory {self.path.parent} does not exist")
-            # Create the file ourselves so it is never world-readable, even for an instant. Only
-            # when it is missing: closing any descriptor of an open database file drops every
-            # POSIX lock this process holds on it, so another connection of the process (the
-            # service opens several) would lose its locks and another process could, e.g.,
-            # checkpoint and delete the WAL under it (sqlite.org/howtocorrupt.html, 2.2).
-            try:
-                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
-            except FileExistsError:
-                # Without opening it, still refuse a store this process cannot write, naming the
-                # file, rather than fail at the first write.
-                if not os.access(self.path, os.W_OK):
-                    code = errno.EROFS if os.statvfs(self.path).f_flag & os.ST_RDONLY else errno.EACCES
-                    raise OSError(code, os.strerror(code), str(self.path)) from None
-        try:
-            self.conn = sqlite3.connect(
-                str(path), timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
-            )
-            self.conn.row_factory = sqlite3.Row
-            self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            self.conn.execute("PRAGMA journal_mode = WAL")
-            self.conn.execute("PRAGMA foreign_keys = ON")
-            self.conn.execute("PRAGMA synchronous = NORMAL")
-            self._migrate()
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open store {path}: {exc}") from exc
-        if self.path is not None:
-            _owner_only(self.path)
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _migrate(self) -> None:
-        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"store schema version {version} is newer than this library ({SCHEMA_VERSION}); upgrade hybridmem-local"
-            )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            with self.transaction():
-                for statement in _split_sql(_MIGRATIONS[target]):
-                    self.conn.execute(statement)
-                self.conn.execute(f"PRAGMA user_version = {target}")
-
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic unit of work; nested calls join the outer transaction."""
-        if self.conn.in_transaction:
-            yield self.conn
-            return
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            # Some errors (SQLITE_FULL, SQLITE_IOERR) make SQLite roll back by itself; a second
-            # ROLLBACK would raise and hide the real cause.
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
-            raise
-        else:
-            self.conn.execute("COMMIT")
-
-    def change_marker(self) -> tuple[int, int]:
-        """Moves on every commit that can change what an index holds: ``PRAGMA data_version``
-        changes when another connection commits, the last event id when this one writes a
-        memory or a session (each logs an event). The one staleness check of ``indexes/store_indexes.py``."""
-        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
-        return version, self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def integrity_check(self) -> str:
-        return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
-
-    def backup_to(self, path: Path) -> None:
-        """A consistent copy of the database at ``path`` (owner-only), even while others write."""
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-        target = sqlite3.connect(path)
-        try:
-            self.conn.backup(target)
-        finally:
-            target.close()
+        super().__init__(path, busy_timeout_ms)
+        self.namespaces = Namespaces(self)
+        self.events = EventLog(self)
+        self.sessions = Sessions(self, self.namespaces, self.events)
+        self.memories = Memories(self, self.namespaces, self.events)
+        self.runs = ConsolidationRuns(self)
+        self.api_keys = ApiKeys(self, self.events)
+        self.embedding_cache = EmbeddingCache(self, self.namespaces)
 
     def fingerprint(self, namespace: str) -> tuple[int, int, int]:
         """(sessions, memories, highest memory id): changes whenever the namespace gains either."""
@@ -323,27 +240,21 @@ class MemoryStore:
             ).fetchone()
         )
 
-    # ------------------------------------------------------------------ namespaces
-
-    def ensure_namespace(self, namespace: str) -> None:
-        check_namespace(namespace)
-        self.conn.execute(
-            "INSERT OR IGNORE INTO namespaces (name, created_at) VALUES (?, ?)",
-            (namespace, utcnow().isoformat()),
-        )
-
-    def record_export(self, namespace: str, path: Path) -> None:
-        """Remember an export file so ``forget`` can remove it too."""
-        self.conn.execute(
-            "INSERT OR REPLACE INTO exports (namespace, path, created_at) VALUES (?, ?, ?)",
-            (namespace, str(Path(path).resolve()), utcnow().isoformat()),
-        )
-
-    def exports(self, namespace: str) -> list[Path]:
-        return [Path(r[0]) for r in self.conn.execute("SELECT path FROM exports WHERE namespace = ?", (namespace,))]
-
-    def namespaces(self) -> list[str]:
-        return [r[0] for r in self.conn.execute("SELECT name FROM namespaces ORDER BY name")]
+    def counts(self, namespace: str | None = None) -> dict[str, int]:
+        where, args = ("WHERE namespace = ?", [namespace]) if namespace else ("", [])
+        out = {
+            f"{kind}s_{status}": n
+            for kind, status, n in self.conn.execute(
+                f"SELECT kind, status, count(*) FROM memories {where} GROUP BY kind, status", args
+            )
+        }
+        out["sessions"] = self.conn.execute(f"SELECT count(*) FROM sessions {where}", args).fetchone()[0]
+        out["turns"] = self.conn.execute(f"SELECT count(*) FROM turns {where}", args).fetchone()[0]
+        for status, n in self.conn.execute(
+            f"SELECT curation_status, count(*) FROM sessions {where} GROUP BY curation_status", args
+        ):
+            out[f"sessions_{status}"] = n
+        return out
 
     def forget_namespace(self, namespace: str) -> dict[str, int]:
         """Physically remove every row of a namespace (memories, sessions, turns, history, vectors)."""
@@ -898,17 +809,17 @@ class MemoryStore:
         recording one 'purge' event with ``record``; returns (events, embeddings) deleted."""
         events = embeddings = 0
         with self.transaction() as c:
-            for chunk in _chunks(ids):
+            for chunk in chunks(ids):
                 marks = ",".join("?" * len(chunk))
                 events += c.execute(f"DELETE FROM events WHERE memory_id IN ({marks})", chunk).rowcount
                 c.execute(f"DELETE FROM memories WHERE id IN ({marks})", chunk)
-            for chunk in _chunks(sorted(text_hashes)):
+            for chunk in chunks(sorted(text_hashes)):
                 marks = ",".join("?" * len(chunk))
                 embeddings += c.execute(
                     f"DELETE FROM embeddings WHERE namespace = ? AND text_hash IN ({marks})", (namespace, *chunk)
                 ).rowcount
             if ids:
-                self._event(namespace, "purge", None, None, None, record, reason)
+                self.events.record(namespace, "purge", None, None, None, record, reason)
         return events, embeddings
 
     def vacuum(self) -> None:

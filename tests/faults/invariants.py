@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hybridmem_local.config import load_config
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.storage.store import text_hash
+from hybridmem_local.storage.embedding_cache import text_hash
 from tests.faults.corpus import QUERIES, CuratedSession
 
 
@@ -85,7 +85,7 @@ def assert_consistent(db: Path, model_id: str) -> None:
     finally:
         conn.close()
     with HybridMemory.open(db, load_config()) as memory:
-        for namespace in memory.store.namespaces():
+        for namespace in memory.store.namespaces.names():
             for m in memory.list(namespace):
                 assert (namespace, text_hash(m.index_text())) in cached, f"memory {m.id} has no cached vector"
 

@@ -117,7 +117,7 @@ def ingest(*extra) -> list[str]:
 
 def _stored_verbatim(text: str):
     def check(memory: HybridMemory):
-        record = memory.store.get_session("alice", "n1")
+        record = memory.store.sessions.get("alice", "n1")
         assert record.session.turns[0].text == text
         assert {t[0] for t in memory.store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} >= {
             "memories",
@@ -179,7 +179,7 @@ def _prompt_injection_reaches_the_llm_only_as_data(memory: HybridMemory, tmp: Pa
         assert PROMPT_INJECTION not in system and f"[n1:0] Ann: {PROMPT_INJECTION}" in user
     finally:
         server.stop()
-    assert memory.store.get_session("alice", "n1").session.turns[0].text == PROMPT_INJECTION
+    assert memory.store.sessions.get("alice", "n1").session.turns[0].text == PROMPT_INJECTION
 
 
 def _session(text: str = "I adopted a greyhound."):
@@ -193,7 +193,7 @@ def _session(text: str = "I adopted a greyhound."):
 def _add_session_with_text(text: str):
     def call(memory: HybridMemory, tmp: Path):
         memory.ingest([_session(text)], curate=False)
-        assert memory.store.get_session("alice", "n1").session.turns[0].text == text
+        assert memory.store.sessions.get("alice", "n1").session.turns[0].text == text
 
     return call
 
@@ -323,7 +323,7 @@ CASES = [
         file=jsonl(session_line("s1", turns=[{"turn_id": "zz:0", "speaker": "Mallory", "text": "rewritten history"}])),
         exit_code=0,
         fragment="1 already present",
-        then=lambda m: m.store.get_session("alice", "s1").session.turns[0].speaker != "Mallory",
+        then=lambda m: m.store.sessions.get("alice", "s1").session.turns[0].speaker != "Mallory",
     ),
     Case("file-missing", ingest(), fragment="no such file"),
     Case("file-is-a-directory", ["ingest", "{tmp}", "--no-curate", "--db", "{db}"], fragment="Is a directory"),

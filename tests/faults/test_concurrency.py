@@ -99,5 +99,5 @@ def test_two_processes_ingesting_the_same_file_store_each_session_once(zygote, t
     with HybridMemory.open(db) as memory:
         counts = memory.store.counts("alice")
         assert (counts["sessions"], counts["turns"]) == (300, 600)
-        for record in memory.store.iter_sessions("alice"):
+        for record in memory.store.sessions.select("alice"):
             assert len(record.session.turns) == 2

@@ -115,7 +115,7 @@ def test_llm_fault_ends_in_a_retry_or_a_kept_failed_session(
     with _open(db, server, hashing_embedder) as memory:
         report = memory.ingest([session])
         assert len(server.requests) == requests
-        record = memory.store.get_session("alice", session.session_id)
+        record = memory.store.sessions.get("alice", session.session_id)
         assert record.session == session, "raw turns must be kept exactly"
         assert record.curation_status == status
         assert (report.stored, report.curated, report.failed) == (1, status == "curated", status != "curated")
@@ -131,7 +131,7 @@ def test_llm_fault_ends_in_a_retry_or_a_kept_failed_session(
             server.respond = scripted([GOOD])
             retry = memory.curate_pending(retry_failed=True)
             assert (retry.curated, retry.failed) == (1, 0)
-            record = memory.store.get_session("alice", session.session_id)
+            record = memory.store.sessions.get("alice", session.session_id)
             assert record.curation_status == "curated" and record.session == session
             assert len(memory.list("alice")) == 1 + len(session.turns)
     assert_integrity(db)
@@ -161,7 +161,7 @@ def test_a_server_that_goes_away_after_start_is_a_clear_error_and_a_rerun_stores
     try:
         with _open(db, replacement, hashing_embedder) as memory:
             assert memory.ingest([session]).curated == 1
-            assert memory.store.get_session("alice", session.session_id).session == session
+            assert memory.store.sessions.get("alice", session.session_id).session == session
     finally:
         replacement.stop()
     assert_integrity(db)

@@ -82,7 +82,7 @@ def pool(hashing_embedder):
 def _seed_cache(memory: HybridMemory, pool) -> None:
     """Put the pool's vectors in the store's embedding cache (what an earlier ingest leaves)."""
     _, texts, vectors = pool
-    memory.store.put_embeddings(NS, memory.embedder.model_id, texts, vectors)
+    memory.store.embedding_cache.put(NS, memory.embedder.model_id, texts, vectors)
 
 
 def _exact_ok(memory: HybridMemory, kind: str, query_vector: np.ndarray, got: list[tuple[int, float]], k: int) -> None:
@@ -90,8 +90,8 @@ def _exact_ok(memory: HybridMemory, kind: str, query_vector: np.ndarray, got: li
     assert len(got) == min(k, len(active))
     if not active:
         return
-    cached = memory.store.get_embeddings(NS, memory.embedder.model_id, [m.index_text() for m in active])
-    from hybridmem_local.storage.store import text_hash
+    cached = memory.store.embedding_cache.get(NS, memory.embedder.model_id, [m.index_text() for m in active])
+    from hybridmem_local.storage.embedding_cache import text_hash
 
     exact = {m.id: float(cached[text_hash(m.index_text())] @ query_vector) for m in active}
     ranked = sorted(exact.values(), reverse=True)
@@ -200,7 +200,7 @@ def test_search_equals_exact_search_over_active_rows_after_any_sequence(operatio
                 elif name == "undo":
                     _undo(memory, args[0])
                 elif name == "forget":
-                    if NS in memory.store.namespaces():
+                    if NS in memory.store.namespaces.names():
                         memory.forget(NS)
                     _seed_cache(memory, pool)
                 elif name == "reopen":
@@ -210,6 +210,6 @@ def test_search_equals_exact_search_over_active_rows_after_any_sequence(operatio
         finally:
             memory.close()
         with HybridMemory.open(db, config) as reopened:
-            namespaces = reopened.store.namespaces()
+            namespaces = reopened.store.namespaces.names()
         if NS in namespaces:
             assert_search_matches_rebuild(db, hashing_embedder, [NS], Path(folder))

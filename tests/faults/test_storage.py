@@ -84,7 +84,7 @@ def test_a_full_database_refuses_the_session_whole_and_accepts_it_once_there_is_
             _add(memory, big)
         assert memory.store.integrity_check() == "ok"
         assert not memory.store.conn.in_transaction
-        assert not memory.store.has_session("alice", big.session.session_id)
+        assert not memory.store.sessions.exists("alice", big.session.session_id)
         assert memory.search(QUERIES[0], namespace="alice") == before_search  # nothing half-indexed
         assert rows(db) == before
 

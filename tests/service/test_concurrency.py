@@ -151,7 +151,7 @@ def test_clients_adding_and_searching_at_once_lose_nothing_and_match_a_fresh_ope
 
     with HybridMemory.open(db, config, embedder=minilm) as fresh:
         for ns, sid in writes["sessions"]:
-            record = fresh.store.get_session(ns, sid)
+            record = fresh.store.sessions.get(ns, sid)
             assert record.curation_status == "curated" and len(record.session.turns) == TURNS
             assert (
                 fresh.store.conn.execute(

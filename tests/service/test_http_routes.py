@@ -19,7 +19,7 @@ from hybridmem_local.consolidation.planner import ConsolidationReport, UndoRepor
 from hybridmem_local.memory import Stats
 from hybridmem_local.schema import Episode, RelationalTuple, SearchResult, SessionRecord
 from hybridmem_local.service.keys import ApiKey
-from hybridmem_local.storage.store import Event
+from hybridmem_local.storage.events import Event
 from tests.service.http_harness import live_service, session_body, wait_for_curation
 from tests.tiny_model import tiny_transformers_llm
 

@@ -112,9 +112,9 @@ def test_key_changes_are_events_without_secrets(store):
 def test_a_version_1_store_gains_the_keys_table(tmp_path):
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
-    from hybridmem_local.storage.store import _MIGRATIONS, _split_sql
+    from hybridmem_local.storage.migrations import MIGRATIONS, split_sql
 
-    for statement in _split_sql(_MIGRATIONS[1]):
+    for statement in split_sql(MIGRATIONS[1]):
         conn.execute(statement)
     conn.execute("INSERT INTO namespaces (name, created_at) VALUES ('alice', '2023-01-01T00:00:00+00:00')")
     conn.execute("PRAGMA user_version = 1")
@@ -125,7 +125,7 @@ def test_a_version_1_store_gains_the_keys_table(tmp_path):
         assert (
             store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         )  # migrated through every version since
-        assert store.namespaces() == ["alice"]
+        assert store.namespaces.names() == ["alice"]
         _, token = KeyRing(store).create(["alice"], "read")
         assert KeyRing(store).authenticate(token) is not None
     finally:

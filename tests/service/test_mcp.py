@@ -228,8 +228,8 @@ def test_stdio_server_lists_and_calls_every_tool_in_its_fixed_namespace(tmp_path
 
     store = MemoryStore(db)
     try:
-        assert store.namespaces() == ["alice"]
-        assert store.get_session("alice", "s1").curation_status == "curated"
+        assert store.namespaces.names() == ["alice"]
+        assert store.sessions.get("alice", "s1").curation_status == "curated"
         assert store.integrity_check() == "ok"
     finally:
         store.close()

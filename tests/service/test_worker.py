@@ -218,7 +218,7 @@ def test_a_session_curated_meanwhile_is_skipped_not_stored_twice(tmp_path, hashi
         HybridMemory.open(tmp_path / "m.db", config, embedder=hashing_embedder) as first,
         HybridMemory.open(tmp_path / "m.db", config, embedder=hashing_embedder) as second,
     ):
-        first.store.insert_session(session, curation_status="pending")
+        first.store.sessions.insert(session, curation_status="pending")
         # Both curators read the session while it was pending; the first one stores it.
         assert first.curate_stored([session]).curated == 1
         report = second.curate_stored([session])

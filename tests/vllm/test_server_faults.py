@@ -57,7 +57,7 @@ def test_server_killed_mid_batch_then_restarted_loses_no_session(
         # the batch failed cleanly: every session stored, raw turns kept, marked for a retry
         assert report.stored == 2 and report.failed == 2 and report.curated == 0
         for session in sessions:
-            record = memory.store.get_session(session.namespace, session.session_id)
+            record = memory.store.sessions.get(session.namespace, session.session_id)
             assert record.curation_status == "curation_failed"
             assert "cannot reach" in record.curation_error or "HTTP" in record.curation_error
             assert [t.turn_id for t in record.session.turns] == [t.turn_id for t in session.turns]
@@ -70,9 +70,9 @@ def test_server_killed_mid_batch_then_restarted_loses_no_session(
         retried = memory.curate_pending(retry_failed=True)
         assert retried.curated + retried.failed == 2
         for session in sessions:
-            record = memory.store.get_session(session.namespace, session.session_id)
+            record = memory.store.sessions.get(session.namespace, session.session_id)
             assert record.curation_status in {"curated", "curation_failed"}
             assert len(record.session.turns) == len(session.turns)
         assert retried.curated >= 1, [
-            memory.store.get_session(s.namespace, s.session_id).curation_error for s in sessions
+            memory.store.sessions.get(s.namespace, s.session_id).curation_error for s in sessions
         ]

@@ -1,0 +1,155 @@
+"""One SQLite connection with the store's settings: an owner-only file, WAL, foreign keys, the
+schema migrated, and transactions that nest.
+
+WAL mode + busy timeout: concurrent readers and writers in several processes wait for each
+other instead of failing. :meth:`Database.transaction` is one atomic unit of work; nested
+inside another it is a SAVEPOINT (as sqlite-utils does), so a failure inside it undoes its own
+work only, and the outer transaction decides about the rest.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hybridmem_local.storage.errors import StoreError
+from hybridmem_local.storage.migrations import MIGRATIONS, SCHEMA_VERSION, split_sql
+
+
+class Database:
+    """One SQLite database file (``":memory:"`` works for throwaway use), opened and migrated."""
+
+    def __init__(self, path: str | Path, busy_timeout_ms: int = 30_000):
+        self.path = Path(path) if str(path) != ":memory:" else None
+        if self.path is not None:
+            if not self.path.parent.exists():
+                raise StoreError(f"cannot open store {self.path}: directory {self.path.parent} does not exist")
+            # Create the file ourselves so it is never world-readable, even for an instant. Only
+            # when it is missing: closing any descriptor of an open database file drops every
+            # POSIX lock this process holds on it, so another connection of the process (the
+            # service opens several) would lose its locks and another process could, e.g.,
+            # checkpoint and delete the WAL under it (sqlite.org/howtocorrupt.html, 2.2).
+            try:
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                # Without opening it, still refuse a store this process cannot write, naming the
+                # file, rather than fail at the first write.
+                if not os.access(self.path, os.W_OK):
+                    code = errno.EROFS if os.statvfs(self.path).f_flag & os.ST_RDONLY else errno.EACCES
+                    raise OSError(code, os.strerror(code), str(self.path)) from None
+        #: Names the savepoints of nested transactions (unique, so they never shadow each other).
+        self._savepoints = itertools.count()
+        try:
+            self.conn = sqlite3.connect(
+                str(path), timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+            )
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open store {path}: {exc}") from exc
+        if self.path is not None:
+            _owner_only(self.path)
+
+    def _migrate(self) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"store schema version {version} is newer than this library ({SCHEMA_VERSION}); upgrade hybridmem-local"
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            with self.transaction():
+                for statement in split_sql(MIGRATIONS[target]):
+                    self.conn.execute(statement)
+                self.conn.execute(f"PRAGMA user_version = {target}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic unit of work: all of it is stored or none of it. Inside another
+        transaction it is a savepoint of that one: a failure rolls back this unit's changes
+        only, and they are stored when (and if) the outermost transaction commits."""
+        if self.conn.in_transaction:
+            yield from self._savepoint()
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            # Some errors (SQLITE_FULL, SQLITE_IOERR) make SQLite roll back by itself; a second
+            # ROLLBACK would raise and hide the real cause.
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
+        else:
+            self.conn.execute("COMMIT")
+
+    def _savepoint(self) -> Iterator[sqlite3.Connection]:
+        name = f"nested_{next(self._savepoints)}"
+        self.conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield self.conn
+        except BaseException:
+            # After an automatic rollback of the whole transaction the savepoint is gone too.
+            if self.conn.in_transaction:
+                self.conn.execute(f"ROLLBACK TO {name}")
+                self.conn.execute(f"RELEASE {name}")
+            raise
+        else:
+            self.conn.execute(f"RELEASE {name}")
+
+    def change_marker(self) -> tuple[int, int]:
+        """Moves on every commit that can change what an index holds: ``PRAGMA data_version``
+        changes when another connection commits, the last event id when this one writes a
+        memory or a session (each logs an event). The one staleness check of ``indexes/store_indexes.py``."""
+        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        return version, self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def integrity_check(self) -> str:
+        return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+    def backup_to(self, path: Path) -> None:
+        """A consistent copy of the database at ``path`` (owner-only), even while others write."""
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        target = sqlite3.connect(path)
+        try:
+            self.conn.backup(target)
+        finally:
+            target.close()
+
+    def vacuum(self) -> None:
+        """Checkpoint the WAL and rewrite the file, so freed pages keep no deleted text."""
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.conn.execute("VACUUM")
+
+
+def inserted_id(cursor: sqlite3.Cursor) -> int:
+    """The rowid of the row an INSERT just wrote (sqlite3 types ``lastrowid`` optional)."""
+    if cursor.lastrowid is None:
+        raise StoreError("SQLite reported no rowid for an INSERT")
+    return cursor.lastrowid
+
+
+def chunks(ids: Sequence[Any], size: int = 500) -> Iterator[list[Any]]:
+    """SQLite limits the host parameters of one statement; ``IN (...)`` lists go in slices."""
+    for start in range(0, len(ids), size):
+        yield list(ids[start : start + size])
+
+
+def _owner_only(path: Path) -> None:
+    """Database files hold private conversations: readable by their owner alone."""
+    for suffix in ("", "-wal", "-shm"):
+        candidate = Path(str(path) + suffix)
+        if candidate.exists():
+            os.chmod(candidate, 0o600)

@@ -1,0 +1,99 @@
+"""The ``events`` table: the append-only history. Every change to a memory, session or API key
+is a row with the JSON of the row before and after it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from hybridmem_local.schema import utcnow
+from hybridmem_local.storage.connection import Database, chunks
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    namespace: str
+    at: datetime
+    action: str
+    memory_id: int | None
+    run_id: int | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    reason: str | None
+
+
+class EventLog:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def record(
+        self,
+        namespace: str,
+        action: str,
+        memory_id: int | None,
+        run_id: int | None,
+        before: dict | None,
+        after: dict | None,
+        reason: str | None,
+    ) -> None:
+        """Append one event (inside the caller's transaction: the change and its event go together)."""
+        self.db.conn.execute(
+            "INSERT INTO events (namespace, at, action, memory_id, run_id, before, after, reason) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                namespace,
+                utcnow().isoformat(),
+                action,
+                memory_id,
+                run_id,
+                json.dumps(before) if before is not None else None,
+                json.dumps(after) if after is not None else None,
+                reason,
+            ),
+        )
+
+    def history(self, memory_id: int) -> list[Event]:
+        return [
+            _row_to_event(r)
+            for r in self.db.conn.execute("SELECT * FROM events WHERE memory_id = ? ORDER BY id", (memory_id,))
+        ]
+
+    def of_run(self, run_id: int) -> list[Event]:
+        return [
+            _row_to_event(r)
+            for r in self.db.conn.execute("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
+        ]
+
+    def after(self, memory_ids: Sequence[int], event_id: int) -> list[Event]:
+        """Events of ``memory_ids`` recorded after event ``event_id``, oldest first."""
+        events: list[Event] = []
+        for chunk in chunks(memory_ids):
+            marks = ",".join("?" * len(chunk))
+            events += [
+                _row_to_event(r)
+                for r in self.db.conn.execute(
+                    f"SELECT * FROM events WHERE memory_id IN ({marks}) AND id > ? ORDER BY id", (*chunk, event_id)
+                )
+            ]
+        return sorted(events, key=lambda e: e.id)
+
+
+def _row_to_event(row: sqlite3.Row) -> Event:
+    return Event(
+        id=row["id"],
+        namespace=row["namespace"],
+        at=datetime.fromisoformat(row["at"]),
+        action=row["action"],
+        memory_id=row["memory_id"],
+        run_id=row["run_id"],
+        before=json.loads(row["before"]) if row["before"] else None,
+        after=json.loads(row["after"]) if row["after"] else None,
+        reason=row["reason"],
+    )

@@ -1,0 +1,124 @@
+"""The store's schema: one migration per version, applied in order when a store is opened.
+
+``PRAGMA user_version`` holds the version a database file is at; a store opens files of this
+version or older (migrating them in place, each step in one transaction) and refuses newer ones.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 3
+
+MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE namespaces (
+        name TEXT PRIMARY KEY,
+        created_at TEXT NOT NULL,
+        sessions_since_consolidation INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        session_id TEXT NOT NULL,
+        started_at TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        curation_status TEXT NOT NULL DEFAULT 'pending'
+            CHECK (curation_status IN ('pending', 'curated', 'curation_failed')),
+        curation_error TEXT,
+        prompt_version TEXT,
+        UNIQUE (namespace, session_id)
+    );
+    CREATE TABLE turns (
+        id INTEGER PRIMARY KEY,
+        session_pk INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        namespace TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        turn_id TEXT NOT NULL,
+        speaker TEXT NOT NULL,
+        text TEXT NOT NULL,
+        image_caption TEXT,
+        UNIQUE (namespace, turn_id)
+    );
+    CREATE INDEX turns_session ON turns(session_pk, position);
+    CREATE TABLE memories (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        kind TEXT NOT NULL CHECK (kind IN ('episode', 'tuple')),
+        title TEXT, summary TEXT, details TEXT,
+        entity TEXT, relation TEXT, object TEXT, context TEXT,
+        timestamp TEXT NOT NULL,
+        source_session_id TEXT,
+        source_turn_ids TEXT NOT NULL DEFAULT '[]',
+        created_at TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'superseded', 'deleted')),
+        superseded_by INTEGER REFERENCES memories(id),
+        status_reason TEXT,
+        CHECK (kind != 'episode' OR (title IS NOT NULL AND summary IS NOT NULL AND details IS NOT NULL)),
+        CHECK (kind != 'tuple' OR (entity IS NOT NULL AND relation IS NOT NULL AND object IS NOT NULL))
+    );
+    CREATE INDEX memories_ns ON memories(namespace, kind, status);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL,
+        at TEXT NOT NULL,
+        action TEXT NOT NULL,
+        memory_id INTEGER,
+        run_id INTEGER,
+        before TEXT,
+        after TEXT,
+        reason TEXT
+    );
+    CREATE INDEX events_memory ON events(memory_id);
+    CREATE INDEX events_run ON events(run_id);
+    CREATE TABLE embeddings (
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        model_id TEXT NOT NULL,
+        text_hash TEXT NOT NULL,
+        dim INTEGER NOT NULL,
+        vector BLOB NOT NULL,
+        PRIMARY KEY (namespace, model_id, text_hash)
+    );
+    CREATE TABLE consolidation_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        started_at TEXT NOT NULL,
+        finished_at TEXT,
+        status TEXT NOT NULL CHECK (status IN ('applied', 'undone')),
+        backend TEXT,
+        params TEXT NOT NULL DEFAULT '{}',
+        report TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE exports (
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (namespace, path)
+    );
+    """,
+    # API keys of `hybridmem serve`. Only a salted hash of the secret is kept; ``namespaces`` is a
+    # JSON list where ["*"] means every namespace. Revoked keys stay (with ``revoked_at``) so the
+    # history of who could reach what is kept.
+    2: """
+    CREATE TABLE api_keys (
+        key_id TEXT PRIMARY KEY,
+        salt BLOB NOT NULL,
+        key_hash BLOB NOT NULL,
+        role TEXT NOT NULL CHECK (role IN ('read', 'write', 'admin')),
+        namespaces TEXT NOT NULL,
+        label TEXT,
+        created_at TEXT NOT NULL,
+        revoked_at TEXT
+    );
+    """,
+    # How each memory's source turns were obtained (schema.Provenance): rows that have turns
+    # were written with ids their writer cited. The index serves the write-time duplicate guard
+    # (same namespace, kind and timestamp).
+    3: """
+    ALTER TABLE memories ADD COLUMN provenance TEXT CHECK (provenance IN ('cited', 'aligned'));
+    UPDATE memories SET provenance = 'cited' WHERE source_turn_ids != '[]';
+    CREATE INDEX memories_timestamp ON memories(namespace, kind, timestamp);
+    """,
+}
+
+
+def split_sql(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
