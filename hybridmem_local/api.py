@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
     from hybridmem_local.memory import Stats
     from hybridmem_local.schema import SessionRecord
-    from hybridmem_local.storage.store import Event
+    from hybridmem_local.storage.events import Event
 
 
 class MemoryAPI(Protocol):

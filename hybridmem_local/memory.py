@@ -55,7 +55,9 @@ from hybridmem_local.schema import (
     check_namespace,
     utcnow,
 )
-from hybridmem_local.storage.store import Event, MemoryStore, text_hash
+from hybridmem_local.storage.embedding_cache import text_hash
+from hybridmem_local.storage.events import Event
+from hybridmem_local.storage.store import MemoryStore
 from hybridmem_local.usage import LLMUsage
 
 if TYPE_CHECKING:
@@ -222,14 +224,14 @@ class HybridMemory:
         """
         with self.store.transaction():
             # Counted inside the write transaction: no other writer can add pending rows meanwhile.
-            pending = self.store.count_sessions("pending")
+            pending = self.store.sessions.count("pending")
             if max_pending is not None and pending + len(sessions) > max_pending:
                 raise QueueFullError(
                     f"the curation queue holds {pending} sessions; adding {len(sessions)} would pass "
                     f"service.max_pending_sessions={max_pending}"
                 )
             for session in sessions:
-                self.store.insert_session(session, curation_status="pending")
+                self.store.sessions.insert(session, curation_status="pending")
         return [SessionRecord(session=session, curation_status="pending") for session in sessions]
 
     def add_messages(self, namespace: str, messages: Sequence[Message], session_id: str | None = None) -> SessionRecord:
@@ -247,7 +249,7 @@ class HybridMemory:
     def get_session(self, namespace: str, session_id: str) -> SessionRecord:
         """A stored session with its turns and curation status (``pending``, ``curated``, ``curation_failed``)."""
         check_namespace(namespace)
-        return self.store.get_session(namespace, session_id)
+        return self.store.sessions.get(namespace, session_id)
 
     def _ingest(
         self, sessions: Sequence[Session], curate: bool, report: IngestReport, on_progress: ProgressCallback | None
@@ -286,7 +288,7 @@ class HybridMemory:
         """Sessions stored raw (``pending``; ``curation_failed`` too with ``retry_failed``), oldest
         first, of one namespace or all; at most ``limit``."""
         statuses = ["pending"] + (["curation_failed"] if retry_failed else [])
-        return [r.session for r in self.store.sessions_to_curate(statuses, namespace=namespace, limit=limit)]
+        return [r.session for r in self.store.sessions.to_curate(statuses, namespace=namespace, limit=limit)]
 
     def mark_curation_failed(self, sessions: Sequence[Session], error: str) -> int:
         """Mark those of ``sessions`` still pending ``curation_failed`` with ``error`` (their raw
@@ -295,9 +297,9 @@ class HybridMemory:
         marked = 0
         for session in sessions:
             try:
-                if self.store.get_session(session.namespace, session.session_id).curation_status != "pending":
+                if self.store.sessions.get(session.namespace, session.session_id).curation_status != "pending":
                     continue  # stored before the error, or curated by another process
-                self.store.set_curation_status(
+                self.store.sessions.set_curation_status(
                     session.namespace, session.session_id, "curation_failed", error, require_uncurated=True
                 )
                 marked += 1
@@ -655,7 +657,7 @@ class HybridMemory:
 
         if namespace is not None:
             try:
-                run_namespace = self.store.consolidation_run(run_id)["namespace"]
+                run_namespace = self.store.runs.get(run_id)["namespace"]
             except NotFoundError:
                 run_namespace = None
             if run_namespace != namespace:
@@ -828,9 +830,9 @@ class HybridMemory:
         """The memory with this id; with ``namespace``, only if it is that namespace's. Either way a
         missing one is a NotFoundError, and another namespace's is reported just as missing."""
         if namespace is None:
-            return self.store.get_memory(memory_id)
+            return self.store.memories.get(memory_id)
         try:
-            found = self.store.get_memory(memory_id)
+            found = self.store.memories.get(memory_id)
         except NotFoundError:
             found = None
         if found is None or found.namespace != namespace:
@@ -848,17 +850,17 @@ class HybridMemory:
         """Memories in id order (``status=None``: any status); ``limit``/``offset`` page through them."""
         if (limit is not None and limit < 0) or offset < 0:
             raise InvalidInputError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
-        return self.store.list_memories(namespace, kind, status, limit=limit, offset=offset)
+        return self.store.memories.select(namespace, kind, status, limit=limit, offset=offset)
 
     def history(self, memory_id: int, *, namespace: str | None = None) -> builtins.list[Event]:
         """Every change of a memory, oldest first (``namespace`` as in ``get``)."""
         self.get(memory_id, namespace=namespace)  # a clear NotFoundError for an unknown id
-        return self.store.history(memory_id)
+        return self.store.events.history(memory_id)
 
     def stats(self, namespace: str | None = None) -> Stats:
         """Counts of sessions, turns and memories by status, and the loaded indexes' sizes: of the
         whole store, or of one namespace."""
-        namespaces = self.store.namespaces()
+        namespaces = self.store.namespaces.names()
         sizes = self.indexes.sizes()
         if namespace is not None:
             namespaces = [ns for ns in namespaces if ns == namespace]
@@ -902,11 +904,11 @@ class HybridMemory:
             for record in sessions:
                 self.store.sessions.insert(record.session, curation_status=record.curation_status)
             for memory in memories:
-                (new_id,) = self.store.insert_memories(memory.namespace, [memory], action="import")
+                (new_id,) = self.store.memories.insert(memory.namespace, [memory], action="import")
                 old_to_new[memory.stored_id] = new_id
             for memory in memories:
                 if memory.status != MemoryStatus.active:
-                    self.store.set_status(
+                    self.store.memories.set_status(
                         old_to_new[memory.stored_id],
                         memory.status,
                         reason="imported",

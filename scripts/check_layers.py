@@ -21,36 +21,18 @@ from check_import_cycles import import_lines, module_names
 #: decides its layer ("llm.base" is base, the rest of "llm" backends). "__init__" is the
 #: package's own ``__init__``, the public API.
 LAYERS: list[tuple[str, list[str]]] = [
-    # Data model, settings, file and model lookup; the LLM protocol and the prompts are data too;
-    # the error tree every layer raises.
-    (
-        "base",
-        [
-            "errors",
-            "config",
-            "schema",
-            "usage",
-            "files",
-            "readers",
-            "offline",
-            "dates",
-            "fusion",
-            "tokens",
-            "model_registry",
-            "llm.base",
-            "prompts",
-        ],
-    ),
+    # Data model, settings, files and model files; the LLM protocol, the prompts and the text
+    # analysis (stems, alignment) are data and pure functions too; the error tree every layer raises.
+    ("base", ["errors", "config", "schema", "usage", "files", "models", "llm.base", "prompts", "text"]),
     # What holds or computes: the SQLite store, the embedder, the LLM backends.
-    ("backends", ["store", "embedding", "llm"]),
-    ("indexes", ["index", "indexes", "lexical", "windows"]),
-    (
-        "stages",
-        ["curation", "dedup", "provenance", "retrieval", "context", "answering", "consolidation", "clustering"],
-    ),
-    ("facade", ["memory", "api", "ingest", "__init__"]),
-    ("surfaces", ["service", "client", "eval"]),
-    ("commands", ["cli", "cli_common", "cli_errors", "cli_eval", "cli_models", "cli_service", "doctor"]),
+    ("backends", ["storage", "embedding", "llm"]),
+    ("indexes", ["indexes"]),
+    ("stages", ["curation", "retrieval", "consolidation"]),
+    # Answering renders what retrieval returns (its context uses retrieval's RRF).
+    ("answering", ["answering"]),
+    ("facade", ["memory", "api", "__init__"]),
+    ("surfaces", ["service", "eval"]),
+    ("commands", ["cli"]),
 ]
 
 

@@ -35,8 +35,8 @@ def test_layers_pass_when_imports_go_down_or_sideways(tmp_path):
         {
             "config.py": "",
             "schema.py": "from pkg import config\n",
-            "store.py": "from pkg.schema import *\n",
-            "memory.py": "import pkg.store\nfrom . import config\n",
+            "storage.py": "from pkg.schema import *\n",
+            "memory.py": "import pkg.storage\nfrom . import config\n",
             "llm/__init__.py": "from pkg.llm import base\n",
             "llm/base.py": "",
             "llm/cache.py": "from pkg.llm.base import *\nfrom pkg import config\n",
@@ -52,8 +52,8 @@ def test_an_import_of_a_higher_layer_is_reported_wherever_it_stands(tmp_path):
         tmp_path,
         {
             "config.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.memory import Memory\n",
-            "schema.py": "def load():\n    from pkg import store\n",
-            "store.py": "",
+            "schema.py": "def load():\n    from pkg import storage\n",
+            "storage.py": "",
             "memory.py": "",
             # A name from the package's __init__ (the public API, facade layer).
             "files.py": "from pkg import __version__\n",
@@ -68,7 +68,7 @@ def test_an_import_of_a_higher_layer_is_reported_wherever_it_stands(tmp_path):
         f"{package / 'config.py'}:3: config (base) imports memory (facade), a higher layer",
         f"{package / 'files.py'}:1: files (base) imports __init__ (facade), a higher layer",
         f"{package / 'llm' / 'base.py'}:1: llm.base (base) imports llm.cache (backends), a higher layer",
-        f"{package / 'schema.py'}:2: schema (base) imports store (backends), a higher layer",
+        f"{package / 'schema.py'}:2: schema (base) imports storage (backends), a higher layer",
     ]
 
 

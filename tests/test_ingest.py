@@ -96,7 +96,7 @@ def test_bad_file_leaves_earlier_data_intact(tmp_path):
         )
         with pytest.raises(InputFileError):
             memory.ingest(read_sessions_jsonl(bad), curate=False)
-        assert [r.session.session_id for r in memory.store.iter_sessions()] == ["s1"]
+        assert [r.session.session_id for r in memory.store.sessions.select()] == ["s1"]
 
 
 def test_export_memory_record_without_id_is_rejected(tmp_path):

@@ -143,8 +143,8 @@ def test_damaged_index_is_repaired_on_open(tmp_path, hashing_embedder, damage):
     elif damage == "stale":
         # Another writer changes SQLite while the saved index stays as it was.
         with HybridMemory.open(path, embedder=hashing_embedder) as other:
-            other.store.set_status(ids[0], MemoryStatus.deleted, reason="test")
-            other.store.insert_memories("alice", [make_tuple("Zed", "bought", "a bicycle in Oslo")])
+            other.store.memories.set_status(ids[0], MemoryStatus.deleted, reason="test")
+            other.store.memories.insert("alice", [make_tuple("Zed", "bought", "a bicycle in Oslo")])
     elif damage == "foreign_model":
         manifest = index_dir / "tuple.manifest.json"
         built = manifest.read_text()

@@ -10,7 +10,8 @@ import pytest
 
 from hybridmem_local.errors import NotFoundError, StoreError
 from hybridmem_local.schema import MemoryStatus
-from hybridmem_local.storage.store import _MIGRATIONS, SCHEMA_VERSION, MemoryStore
+from hybridmem_local.storage.migrations import MIGRATIONS, SCHEMA_VERSION
+from hybridmem_local.storage.store import MemoryStore
 from tests.factories import make_episode, make_session, make_tuple
 
 

@@ -397,7 +397,7 @@ def plan_undo(store: MemoryStore, run_id: int) -> UndoPlan:
     purged = [i for i in touched if i not in current]
     if purged:
         raise ConsolidationError(f"cannot undo consolidation run {run_id}: memories {purged[:10]} were purged since")
-    last_event = {e.memory_id: e for e in store.run_events(run_id) if e.memory_id is not None}
+    last_event = {e.memory_id: e for e in store.events.of_run(run_id) if e.memory_id is not None}
     conflicts = [i for i in touched if _state(last_event[i].after) != _state(current[i])]
     if conflicts:
         raise ConsolidationError(_conflict_message(store, run_id, conflicts, last_event))

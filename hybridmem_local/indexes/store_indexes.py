@@ -38,7 +38,8 @@ from hybridmem_local.indexes.bm25 import LexicalIndex, bm25_document
 from hybridmem_local.indexes.vectors import SyncReport, VectorIndex
 from hybridmem_local.indexes.windows import WINDOW_KIND, WindowSet
 from hybridmem_local.schema import EvidenceWindow, MemoryKind
-from hybridmem_local.storage.store import MemoryStore, text_hash
+from hybridmem_local.storage.embedding_cache import text_hash
+from hybridmem_local.storage.store import MemoryStore
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from hybridmem_local.schema import (
     check_namespace,
 )
 from hybridmem_local.service.models import MAX_BATCH, MAX_PAGE, MemoryOut
-from hybridmem_local.storage.store import Event
+from hybridmem_local.storage.events import Event
 
 #: ``list`` without a limit pages through at the server's largest page.
 PAGE_SIZE = MAX_PAGE

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hybridmem_local.errors import NotFoundError
 from hybridmem_local.schema import check_namespace, utcnow
-from hybridmem_local.storage.store import ApiKeyRow, MemoryStore
+from hybridmem_local.storage.api_keys import ApiKeyRow
+from hybridmem_local.storage.store import MemoryStore
 
 #: A key reaching every namespace (only an all-namespace admin can create one).
 ALL_NAMESPACES = "*"

@@ -51,7 +51,7 @@ from hybridmem_local.service.models import (
     invalid_input,
 )
 from hybridmem_local.service.state import ServiceState
-from hybridmem_local.storage.store import Event
+from hybridmem_local.storage.events import Event
 
 # --------------------------------------------------------------------------- who may act on which namespace
 

@@ -50,7 +50,7 @@ from hybridmem_local.service.models import (
 )
 from hybridmem_local.service.operations import Admin, Handle, KeyAdmin, KeyScope, Operations, Reader, Writer
 from hybridmem_local.service.worker import WorkerStatus
-from hybridmem_local.storage.store import Event
+from hybridmem_local.storage.events import Event
 
 # --------------------------------------------------------------------------- request / response models
 

@@ -9,9 +9,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from hybridmem_local.errors import NotFoundError
 from hybridmem_local.schema import utcnow
 from hybridmem_local.storage.connection import Database
-from hybridmem_local.storage.errors import NotFoundError
 from hybridmem_local.storage.events import EventLog
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hybridmem_local.storage.errors import StoreError
+from hybridmem_local.errors import StoreError
 from hybridmem_local.storage.migrations import MIGRATIONS, SCHEMA_VERSION, split_sql
 
 

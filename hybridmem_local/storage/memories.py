@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridmem_local.errors import NotFoundError
 from hybridmem_local.schema import (
     Episode,
     EpisodeDraft,
@@ -34,7 +35,6 @@ from hybridmem_local.schema import (
     utcnow,
 )
 from hybridmem_local.storage.connection import Database, chunks, inserted_id
-from hybridmem_local.storage.errors import NotFoundError
 from hybridmem_local.storage.events import EventLog
 from hybridmem_local.storage.namespaces import Namespaces
 

@@ -7,9 +7,9 @@ import json
 import sqlite3
 from typing import Any
 
+from hybridmem_local.errors import NotFoundError
 from hybridmem_local.schema import check_namespace, utcnow
 from hybridmem_local.storage.connection import Database, inserted_id
-from hybridmem_local.storage.errors import NotFoundError
 
 
 class ConsolidationRuns:

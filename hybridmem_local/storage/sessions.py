@@ -6,9 +6,9 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 
+from hybridmem_local.errors import AlreadyCuratedError, DuplicateSessionError, DuplicateTurnError, NotFoundError
 from hybridmem_local.schema import Session, SessionRecord, Turn, utcnow
 from hybridmem_local.storage.connection import Database, chunks, inserted_id
-from hybridmem_local.storage.errors import AlreadyCuratedError, DuplicateSessionError, NotFoundError, StoreError
 from hybridmem_local.storage.events import EventLog
 from hybridmem_local.storage.namespaces import Namespaces
 
@@ -44,7 +44,7 @@ class Sessions:
                 )
             clash = self.existing_turn_ids(session.namespace, [t.turn_id for t in session.turns])
             if clash:
-                raise StoreError(
+                raise DuplicateTurnError(
                     f"session {session.session_id!r}: turn ids already used by another session of namespace "
                     f"{session.namespace!r}: {sorted(clash)[:5]}"
                 )

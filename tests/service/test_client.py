@@ -38,7 +38,7 @@ from hybridmem_local.schema import (
     Turn,
 )
 from hybridmem_local.service.client import HybridMemoryClient
-from hybridmem_local.storage.store import Event
+from hybridmem_local.storage.events import Event
 from tests.fake_vllm_server import ChatServer, Sleep
 from tests.service.http_harness import live_service
 from tests.service.scripted_llm import ANSWER, llm_settings, respond

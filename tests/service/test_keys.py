@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from hybridmem_local.cli.main import app
 from hybridmem_local.errors import NotFoundError
 from hybridmem_local.service.keys import ApiKey, KeyRing, Role
-from hybridmem_local.storage.store import SCHEMA_VERSION, MemoryStore
+from hybridmem_local.storage.migrations import SCHEMA_VERSION
+from hybridmem_local.storage.store import MemoryStore
 
 runner = CliRunner()
 
