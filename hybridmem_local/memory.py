@@ -53,6 +53,7 @@ from hybridmem_local.schema import (
     SessionRecord,
     TupleDraft,
     check_namespace,
+    check_page,
     utcnow,
 )
 from hybridmem_local.storage.embedding_cache import text_hash
@@ -848,8 +849,7 @@ class HybridMemory:
         offset: int = 0,
     ) -> list[Episode | RelationalTuple]:
         """Memories in id order (``status=None``: any status); ``limit``/``offset`` page through them."""
-        if (limit is not None and limit < 0) or offset < 0:
-            raise InvalidInputError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
+        check_page(limit, offset)
         return self.store.memories.select(namespace, kind, status, limit=limit, offset=offset)
 
     def history(self, memory_id: int, *, namespace: str | None = None) -> builtins.list[Event]:

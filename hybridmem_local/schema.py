@@ -47,6 +47,12 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
+def check_page(limit: int | None, offset: int) -> None:
+    """A page of a listing: ``limit`` (None: all) and ``offset`` must not be negative."""
+    if (limit is not None and limit < 0) or offset < 0:
+        raise InvalidInputError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
+
+
 #: Turn-id references ("D3:1", "answer_4be1b6b4_2:13", runs such as "D3:1:1:1"; not a time such
 #: as "13:56"), which small models copy into memory text in place of content.
 TURN_REFERENCE = re.compile(r"\b[^\W\d]\w*(?::\d+)+\b")

@@ -55,6 +55,7 @@ from hybridmem_local.schema import (
     SessionRecord,
     TupleDraft,
     check_namespace,
+    check_page,
 )
 from hybridmem_local.service.models import MAX_BATCH, MAX_PAGE, MemoryOut
 from hybridmem_local.storage.events import Event
@@ -283,8 +284,7 @@ class HybridMemoryClient:
         offset: int = 0,
     ) -> list[Episode | RelationalTuple]:
         """Memories in id order (``status=None``: any status); without ``limit``, every page."""
-        if (limit is not None and limit < 0) or offset < 0:
-            raise InvalidInputError(f"limit and offset must not be negative, got limit={limit} offset={offset}")
+        check_page(limit, offset)
         out: list[Episode | RelationalTuple] = []
         next_offset: int | None = offset
         while next_offset is not None and (limit is None or len(out) < limit):
