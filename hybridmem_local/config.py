@@ -269,6 +269,13 @@ class ConsolidationConfig(_Section):
 class StoreConfig(_Section):
     #: How long a writer waits for another process's transaction before giving up.
     busy_timeout_ms: int = Field(default=30_000, ge=0)
+    #: ``sqlcipher``: the database, its LLM call cache, index files and exports are encrypted at
+    #: rest under one master key (docs/deployment.md). ``none`` keeps the zero-setup default.
+    encryption: Literal["none", "sqlcipher"] = "none"
+    #: A file holding the master key (32 raw bytes, 64 hex digits or base64), readable by its
+    #: owner only. Never the key itself: configs are copied and committed. A systemd credential
+    #: (``$CREDENTIALS_DIRECTORY/hybridmem-master-key``) comes first, ``$HYBRIDMEM_MASTER_KEY`` last.
+    key_file: Path | None = None
 
 
 class ServiceConfig(_Section):

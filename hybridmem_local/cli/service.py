@@ -185,5 +185,5 @@ def mcp_stdio(
         check_namespace(namespace)
         # The state opens once the MCP session runs (stdout is the wire by then): refuse a store
         # that cannot open here, as one line, rather than as a failed session.
-        MemoryStore(db, busy_timeout_ms=cfg.store.busy_timeout_ms).close()
+        MemoryStore.open(db, cfg.store).close()
     run_stdio(ServiceState(db, cfg), namespace)

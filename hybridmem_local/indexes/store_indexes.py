@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -38,6 +37,7 @@ from hybridmem_local.indexes.bm25 import LexicalIndex, bm25_document
 from hybridmem_local.indexes.vectors import SyncReport, VectorIndex
 from hybridmem_local.indexes.windows import WINDOW_KIND, WindowSet
 from hybridmem_local.schema import EvidenceWindow, MemoryKind
+from hybridmem_local.storage import encryption
 from hybridmem_local.storage.embedding_cache import text_hash
 from hybridmem_local.storage.store import MemoryStore
 
@@ -99,7 +99,7 @@ class StoreIndexes:
         inside_write = self.store.conn.in_transaction
         try:
             self.store.embedding_cache.put(namespace, model_id, texts, vectors)
-        except sqlite3.OperationalError as exc:
+        except encryption.OperationalError as exc:
             if inside_write:
                 raise
             log.warning("embedding cache not written (%s): %d texts will be embedded again next time", exc, len(texts))

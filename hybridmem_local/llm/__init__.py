@@ -22,6 +22,7 @@ from hybridmem_local.llm.openai_server import OpenAIServerLLM
 from hybridmem_local.llm.replies import ChatBackend
 from hybridmem_local.llm.transformers_backend import TransformersLLM
 from hybridmem_local.llm.vllm_offline import VLLMOfflineLLM
+from hybridmem_local.storage.encryption import StoreKeys
 
 #: Backends that load weights from a local path.
 LOCAL_BACKENDS: dict[str, Callable[[LLMConfig, Path], ChatBackend]] = {
@@ -35,8 +36,14 @@ SERVER_BACKENDS: dict[str, Callable[[LLMConfig], ChatBackend]] = {"openai-server
 BACKENDS = {**LOCAL_BACKENDS, **SERVER_BACKENDS}
 
 
-def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Path | None = None) -> StructuredLLM:
-    """Build the configured backend, wrapped in the on-disk call cache when ``cache_path`` is given.
+def build_llm(
+    config: LLMConfig,
+    model_path: Path | None = None,
+    cache_path: Path | None = None,
+    cache_keys: StoreKeys | None = None,
+) -> StructuredLLM:
+    """Build the configured backend, wrapped in the on-disk call cache when ``cache_path`` is given
+    (encrypted with ``cache_keys``, the store's keys, when the store is).
 
     Local backends load ``model_path`` when given, else ``config.path``, else the manifest
     entry named ``config.model`` (see ``hybridmem_local.models.registry``).
@@ -59,6 +66,7 @@ def build_llm(config: LLMConfig, model_path: Path | None = None, cache_path: Pat
             settings=sampling_settings(config),
             chunk_size=getattr(llm, "cache_chunk_size", 32),
             owns_inner=True,
+            keys=cache_keys,
         )
     return llm
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -22,6 +21,8 @@ from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.files.paths import create_owner_only
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.replies import check_reply, schema_json
+from hybridmem_local.storage import encryption
+from hybridmem_local.storage.encryption import StoreKeys
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS llm_calls (
@@ -50,10 +51,12 @@ class CachedLLM:
         settings: Mapping[str, Any] | None = None,
         chunk_size: int = 32,
         owns_inner: bool = False,
+        keys: StoreKeys | None = None,
     ):
         """``settings``: the backend's sampling settings (see ``llm.sampling_settings``), keyed
         in; ``chunk_size``: misses sent to ``inner`` per call, the most a kill can lose;
-        ``owns_inner``: ``close`` closes ``inner`` too (``build_llm`` built both)."""
+        ``owns_inner``: ``close`` closes ``inner`` too (``build_llm`` built both); ``keys``:
+        the store's keys when it is encrypted (the cache holds its turn text, so it is too)."""
         if chunk_size < 1:
             raise InvalidInputError(f"chunk_size must be >= 1, got {chunk_size}")
         self.inner = inner
@@ -62,12 +65,13 @@ class CachedLLM:
         self.path = Path(path)
         self.settings = dict(settings or {})
         self.chunk_size = chunk_size
+        self.keys = keys
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
             create_owner_only(self.path)
         # `hybridmem serve` calls it from its worker and ask threads, one call at a time
         # (service.state.SerializedLLM): the connection must not be tied to the creating thread.
-        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db = encryption.connect(self.path, keys, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         # forget() promises the text is gone, not just unlinked from the table.
         self._db.execute("PRAGMA secure_delete=ON")
@@ -141,7 +145,7 @@ class CachedLLM:
 
     def forget(self, tag: str) -> int:
         """Delete every entry filed under ``tag`` (e.g. a namespace); returns how many."""
-        return forget_tag(self.path, tag)
+        return forget_tag(self.path, tag, self.keys)
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM llm_calls").fetchone()[0]
@@ -161,11 +165,11 @@ class CachedLLM:
         self.close()
 
 
-def forget_tag(path: Path, tag: str) -> int:
+def forget_tag(path: Path, tag: str, keys: StoreKeys | None = None) -> int:
     """Delete a tag's entries from a cache file without building a backend (``forget(namespace)``)."""
     if not Path(path).exists():
         return 0
-    db = sqlite3.connect(path)
+    db = encryption.connect(path, keys)
     try:
         db.execute("PRAGMA secure_delete=ON")
         with db:

@@ -46,6 +46,7 @@ from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, SessionRecord
 from hybridmem_local.service.keys import KeyRing
 from hybridmem_local.service.worker import CurationWorker
+from hybridmem_local.storage.encryption import load_keys
 from hybridmem_local.storage.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,11 @@ class ServiceState:
         from hybridmem_local.llm import build_llm
 
         # The same call cache beside the store that HybridMemory.llm uses.
-        return build_llm(self.config.llm, cache_path=Path(str(self.db) + ".llm_cache.sqlite"))
+        return build_llm(
+            self.config.llm,
+            cache_path=Path(str(self.db) + ".llm_cache.sqlite"),
+            cache_keys=load_keys(self.config.store),
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -167,9 +172,8 @@ class ServiceState:
             return
         started = time.perf_counter()
         self.embedder = SerializedEmbedder(self._given_embedder or build_embedder(self.config.embedder))
-        busy_ms = self.config.store.busy_timeout_ms
-        self._memory = HybridMemory(MemoryStore(self.db, busy_timeout_ms=busy_ms), self.config, self.embedder, self.llm)
-        self._keys_store = MemoryStore(self.db, busy_timeout_ms=busy_ms)
+        self._memory = HybridMemory(MemoryStore.open(self.db, self.config.store), self.config, self.embedder, self.llm)
+        self._keys_store = MemoryStore.open(self.db, self.config.store)
         self.keys = KeyRing(self._keys_store)
         self.worker = CurationWorker(self.db, self.config, self.embedder, self.llm)
         if self.start_worker:

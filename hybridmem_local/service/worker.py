@@ -91,13 +91,12 @@ class CurationWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._abandoned = threading.Event()
-        busy_ms = config.store.busy_timeout_ms
         self.memory = HybridMemory(
-            MemoryStore(db, busy_timeout_ms=busy_ms), config, embedder, _StoppableLLM(llm, self._abandoned)
+            MemoryStore.open(db, config.store), config, embedder, _StoppableLLM(llm, self._abandoned)
         )
         # status() is called from request threads; a connection of its own keeps its reads out
         # of the worker's transactions.
-        self._status_store = MemoryStore(db, busy_timeout_ms=busy_ms)
+        self._status_store = MemoryStore.open(db, config.store)
         self._status_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._batches = self._curated = self._failed = self._skipped = self._memories = self._runs = 0

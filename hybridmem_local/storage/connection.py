@@ -18,14 +18,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hybridmem_local.errors import StoreError
+from hybridmem_local.errors import EncryptionKeyError, StoreError
+from hybridmem_local.storage import encryption
+from hybridmem_local.storage.encryption import StoreKeys
 from hybridmem_local.storage.migrations import MIGRATIONS, SCHEMA_VERSION, split_sql
 
 
 class Database:
-    """One SQLite database file (``":memory:"`` works for throwaway use), opened and migrated."""
+    """One SQLite database file (``":memory:"`` works for throwaway use), opened and migrated;
+    encrypted with SQLCipher when ``keys`` are given (``storage/encryption.py``)."""
 
-    def __init__(self, path: str | Path, busy_timeout_ms: int = 30_000):
+    def __init__(self, path: str | Path, busy_timeout_ms: int = 30_000, keys: StoreKeys | None = None):
+        #: The master key's derived keys when the store is encrypted, else None; index files
+        #: and exports next to the store are sealed with ``keys.files``.
+        self.keys = keys
         self.path = Path(path) if str(path) != ":memory:" else None
         if self.path is not None:
             if not self.path.parent.exists():
@@ -46,16 +52,20 @@ class Database:
         #: Names the savepoints of nested transactions (unique, so they never shadow each other).
         self._savepoints = itertools.count()
         try:
-            self.conn = sqlite3.connect(
-                str(path), timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+            self.conn = encryption.connect(
+                path, keys, timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
             )
-            self.conn.row_factory = sqlite3.Row
             self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             self.conn.execute("PRAGMA journal_mode = WAL")
             self.conn.execute("PRAGMA foreign_keys = ON")
             self.conn.execute("PRAGMA synchronous = NORMAL")
+            # Deleted rows are zeroed, not just unlinked: SQLite's own default (and sqlcipher3's)
+            # is off, and forget promises that the text is gone from the file.
+            self.conn.execute("PRAGMA secure_delete = ON")
             self._migrate()
-        except sqlite3.DatabaseError as exc:
+        except EncryptionKeyError:
+            raise
+        except encryption.DatabaseError as exc:
             raise StoreError(f"cannot open store {path}: {exc}") from exc
         if self.path is not None:
             _owner_only(self.path)
@@ -119,10 +129,15 @@ class Database:
     def integrity_check(self) -> str:
         return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
 
+    @property
+    def encrypted(self) -> bool:
+        return self.keys is not None
+
     def backup_to(self, path: Path) -> None:
-        """A consistent copy of the database at ``path`` (owner-only), even while others write."""
+        """A consistent copy of the database at ``path`` (owner-only), even while others write;
+        encrypted with the same key when the store is."""
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-        target = sqlite3.connect(path)
+        target = encryption.connect(path, self.keys)
         try:
             self.conn.backup(target)
         finally:

@@ -23,10 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hybridmem_local.config import StoreConfig
 from hybridmem_local.schema import check_namespace
 from hybridmem_local.storage.api_keys import ApiKeys
 from hybridmem_local.storage.connection import Database, chunks
 from hybridmem_local.storage.embedding_cache import EmbeddingCache
+from hybridmem_local.storage.encryption import StoreKeys, load_keys
 from hybridmem_local.storage.events import EventLog
 from hybridmem_local.storage.memories import Memories
 from hybridmem_local.storage.namespaces import Namespaces
@@ -37,8 +39,8 @@ from hybridmem_local.storage.sessions import Sessions
 class MemoryStore(Database):
     """Typed access to one SQLite database file (``":memory:"`` works for throwaway use)."""
 
-    def __init__(self, path: str | Path, busy_timeout_ms: int = 30_000):
-        super().__init__(path, busy_timeout_ms)
+    def __init__(self, path: str | Path, busy_timeout_ms: int = 30_000, keys: StoreKeys | None = None):
+        super().__init__(path, busy_timeout_ms, keys)
         self.namespaces = Namespaces(self)
         self.events = EventLog(self)
         self.sessions = Sessions(self, self.namespaces, self.events)
@@ -46,6 +48,12 @@ class MemoryStore(Database):
         self.runs = ConsolidationRuns(self)
         self.api_keys = ApiKeys(self, self.events)
         self.embedding_cache = EmbeddingCache(self, self.namespaces)
+
+    @classmethod
+    def open(cls, path: str | Path, config: StoreConfig) -> MemoryStore:
+        """The store at ``path`` as ``config`` says: its busy timeout, and its master key when
+        ``store.encryption`` is ``sqlcipher`` (``storage.encryption.load_keys``)."""
+        return cls(path, config.busy_timeout_ms, load_keys(config))
 
     def fingerprint(self, namespace: str) -> tuple[int, int, int]:
         """(sessions, memories, highest memory id): changes whenever the namespace gains either."""
