@@ -538,7 +538,14 @@ class HybridMemory:
         self.store.memories.set_status(memory_id, MemoryStatus.deleted, reason=reason)
 
     def forget(self, namespace: str) -> dict[str, int]:
-        """Remove every trace of a namespace: rows, history, vectors, index files, exports."""
+        """Remove every trace of a namespace: rows, history, vectors, index files, exports and
+        LLM cache entries, then scrub the store and the cache file so no file under the store's
+        folder keeps a byte of it (docs/deployment.md, "Forget").
+
+        ``scrub_pending`` counts the files (store, LLM cache) whose scrub another connection's
+        open read transaction held up: their WAL keeps the forgotten text until
+        :meth:`retry_pending_scrubs` succeeds (the service worker calls it when idle, and every
+        open of the store retries). 0 means the guarantee holds now."""
         check_namespace(namespace)
         exports = self.store.namespaces.exports(namespace)
         counts = self.store.forget_namespace(namespace)
@@ -549,8 +556,28 @@ class HybridMemory:
         if self.store.path is not None:
             from hybridmem_local.llm.cache import forget_tag
 
-            counts["llm_cache"] = forget_tag(self._llm_cache_path(), namespace, self.store.keys)
+            forgotten = forget_tag(self._llm_cache_path(), namespace, self.store.keys)
+            counts["llm_cache"] = forgotten.deleted
+            counts["scrub_pending"] += int(not forgotten.scrubbed)
+        if counts["scrub_pending"]:
+            log.warning(
+                "forget %r: the rows are deleted, but %d file(s) keep them in their WAL until another connection's "
+                "read ends; the scrub is retried when the service is idle and at the next open",
+                namespace,
+                counts["scrub_pending"],
+            )
         return counts
+
+    def retry_pending_scrubs(self) -> int:
+        """Finish the scrubs a forget or purge left pending (store and LLM cache), without
+        waiting for readers; returns how many files are still pending (0: none)."""
+        from hybridmem_local.llm.cache import retry_pending_scrub
+
+        result = self.store.retry_pending_scrub()
+        pending = int(result is not None and not result.done)
+        if self.store.path is not None:
+            pending += int(retry_pending_scrub(self._llm_cache_path(), self.store.keys) is False)
+        return pending
 
     # ------------------------------------------------------------------ consolidation
 
@@ -717,8 +744,9 @@ class HybridMemory:
                 {"memory_ids": ids, "cutoff": cutoff.isoformat()},
                 f"older than {older_than}",
             )
+        scrub_pending = False
         if ids:
-            self.store.vacuum()
+            scrub_pending = not self.store.scrub().done
             if self.store.path is not None:
                 self.indexes.rebuild(namespace)  # hnswlib keeps vectors of deleted labels
         return PurgeReport(
@@ -728,6 +756,7 @@ class HybridMemory:
             embeddings=embeddings,
             events=events,
             kept_referenced=len(candidates) - len(ids),
+            scrub_pending=scrub_pending,
         )
 
     # ------------------------------------------------------------------ reads

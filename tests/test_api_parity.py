@@ -35,6 +35,7 @@ ONLY_IN_PROCESS = {
     "prepare_answer",
     "purge",
     "rebuild_indexes",
+    "retry_pending_scrubs",  # the service worker's own housekeeping after a forget a reader held up
     "sessions_to_curate",
     "update",
 }

@@ -309,6 +309,9 @@ class PurgeReport(_Model):
     events: int
     #: Old non-active rows kept because a newer row still points at them (superseded_by).
     kept_referenced: int
+    #: Another connection's read kept the purged rows in the WAL for now: the scrub
+    #: (``MemoryStore.scrub``) is retried when the service is idle and at the next open.
+    scrub_pending: bool = False
 
 
 # --------------------------------------------------------------------------- public API

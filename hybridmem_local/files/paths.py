@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from hybridmem_local.files.sealing import seal, unseal
+
 
 def ensure_private_dir(path: Path) -> None:
     """Create ``path`` and any missing parents readable by their owner alone (0700).
@@ -75,10 +77,24 @@ class GenerationFiles:
     Several processes may save the same index at once, so a save removes at once only the
     generation it replaced; other files that no manifest names (a crashed save's, or those of
     two saves that replaced the same generation) go once they are older than ``ORPHAN_GRACE_S``.
+
+    With a ``key`` (the store is encrypted), :meth:`write_bytes` seals every generation file
+    (``files.sealing``) bound to its namespace folder, index, generation and suffix, so a file
+    moved to another of these fails to open, and :meth:`read_bytes` refuses an unsealed one.
+    Manifests stay plaintext: they name a model, a recipe, a count and a generation, no content.
     """
 
-    def __init__(self, directory: Path, manifest: str, file_pattern: str, temp_pattern: str, generation_field: str):
+    def __init__(
+        self,
+        directory: Path,
+        manifest: str,
+        file_pattern: str,
+        temp_pattern: str,
+        generation_field: str,
+        key: bytes | None = None,
+    ):
         self.directory = directory
+        self.key = key
         self.manifest_path = directory / manifest
         self._file_pattern = file_pattern
         self._temp_pattern = temp_pattern
@@ -98,6 +114,27 @@ class GenerationFiles:
     def path(self, generation: str, suffix: str) -> Path:
         """The file of ``generation`` ending in ``suffix`` (e.g. ``"labels.npy"``)."""
         return self.directory / (self._file_pattern.replace("{}", generation) + suffix)
+
+    @property
+    def sealed(self) -> bool:
+        return self.key is not None
+
+    def write_bytes(self, generation: str, suffix: str, data: bytes) -> None:
+        """Write one file of ``generation`` (0600 from the start), sealed when there is a key."""
+        if self.key is not None:
+            data = seal(self.key, self._context(generation, suffix), data)
+        with open(self.path(generation, suffix), "wb", opener=owner_only_opener) as out:
+            out.write(data)
+
+    def read_bytes(self, generation: str, suffix: str) -> bytes:
+        """One file of ``generation``, unsealed when there is a key (``SealError`` when it is not
+        sealed, damaged, or sealed for another file)."""
+        data = self.path(generation, suffix).read_bytes()
+        return unseal(self.key, self._context(generation, suffix), data) if self.key is not None else data
+
+    def _context(self, generation: str, suffix: str) -> str:
+        # The folder is the namespace: a file copied into another namespace's folder fails.
+        return f"hybridmem/index/v1|{self.directory.name}|{self._file_pattern}|{generation}|{suffix}"
 
     def files(self) -> list[Path]:
         """The manifest and every generation or temporary file of this index on disk."""

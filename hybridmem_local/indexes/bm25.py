@@ -19,12 +19,15 @@ On disk, in ``<store>.indexes/<namespace>/``:
 
 Saving follows ``files.paths.GenerationFiles`` (a crash leaves the old index or the new one, never
 a mix); a missing, unreadable or foreign index is rebuilt, never an error. Files are 0600 and
-folders 0700: they hold words of private conversations.
+folders 0700: they hold words of private conversations; when the store is encrypted every
+build file (``vocab.json`` holds the conversations' words) is sealed with its key, and one that
+fails to unseal is rebuilt like any damaged file.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import json
 import logging
 from collections import Counter, defaultdict
@@ -102,12 +105,13 @@ class LexicalIndex:
     (slots, counts), so a query touches only the postings of its own terms.
     """
 
-    def __init__(self, directory: Path, kind: str, recipe: str = "default"):
+    def __init__(self, directory: Path, kind: str, recipe: str = "default", key: bytes | None = None):
+        """``key``: the store's file-sealing key when it is encrypted (the files are sealed)."""
         self.directory = directory
         self.kind = kind
         self.recipe = recipe
         self._files = GenerationFiles(
-            directory, f"{kind}.bm25.json", f"{kind}.bm25.{{}}.", f"{kind}.bm25.json.{{}}.tmp", "build"
+            directory, f"{kind}.bm25.json", f"{kind}.bm25.{{}}.", f"{kind}.bm25.json.{{}}.tmp", "build", key
         )
         self._loaded = False
         self._clear()
@@ -147,10 +151,10 @@ class LexicalIndex:
                     f"index built as {manifest.recipe!r} with {manifest.tokenizer}, wanted {self.recipe!r} with "
                     f"{TOKENIZER}"
                 )
-            path = functools.partial(self._files.path, manifest.build)
-            labels = np.load(path("labels.npy"))
-            indptr, indices, data = (np.load(path(f"{name}.npy")) for name in ("indptr", "indices", "data"))
-            terms = json.loads(path("vocab.json").read_text())
+            read = functools.partial(self._files.read_bytes, manifest.build)
+            labels = np.load(io.BytesIO(read("labels.npy")))
+            indptr, indices, data = (np.load(io.BytesIO(read(f"{name}.npy"))) for name in ("indptr", "indices", "data"))
+            terms = json.loads(read("vocab.json"))
             if labels.ndim != 1 or len(labels) != manifest.count or len(indptr) != len(labels) + 1:
                 return "label file does not match manifest"
             if (
@@ -285,8 +289,10 @@ class LexicalIndex:
 
         def write(build: str) -> None:
             for name, array in (("labels", labels), ("indptr", indptr), ("indices", indices), ("data", data)):
-                np.save(self._files.path(build, f"{name}.npy"), array)
-            self._files.path(build, "vocab.json").write_text(json.dumps(terms))
+                buffer = io.BytesIO()
+                np.save(buffer, array)
+                self._files.write_bytes(build, f"{name}.npy", buffer.getvalue())
+            self._files.write_bytes(build, "vocab.json", json.dumps(terms).encode())
 
         self._files.save(write, lambda build: LexicalManifest(recipe=self.recipe, count=len(labels), build=build))
         self._dirty = False

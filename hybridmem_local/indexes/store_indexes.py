@@ -18,6 +18,8 @@ How they stay in step with SQLite, whichever process wrote:
   embedded, and cached.
 
 ``rebuild`` throws a namespace's index files away; ``forget`` removes them with the folder.
+When the store is encrypted every index file that holds content is sealed with the store's
+file key (``GenerationFiles``); a file that fails to unseal is rebuilt from the store.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class StoreIndexes:
         self.store = store
         self.config = config
         self._embedder = embedder
+        #: Seals the index files of an encrypted store (None: plaintext files, as always).
+        self._file_key = store.keys.files if store.keys is not None else None
         self._dense: dict[tuple[str, SourceKind], VectorIndex] = {}
         self._lexical: dict[tuple[str, SourceKind], LexicalIndex] = {}
         self._windows: dict[str, WindowSet] = {}
@@ -132,7 +136,7 @@ class StoreIndexes:
             window_index = self._dense.get(key)
             if window_index is None or window_index.model_id != model_id:
                 window_index = self._dense[key] = VectorIndex(
-                    self.directory(namespace), kind, model_id, embedder.dimension, self.config.index
+                    self.directory(namespace), kind, model_id, embedder.dimension, self.config.index, self._file_key
                 )
                 self._synced_at.pop(("dense", *key), None)
             self._catch_up(
@@ -145,7 +149,12 @@ class StoreIndexes:
         index = self._dense.get(key)
         if index is None:
             index = self._dense[key] = VectorIndex(
-                self.directory(namespace), kind, embedder.model_id, embedder.dimension, self.config.index
+                self.directory(namespace),
+                kind,
+                embedder.model_id,
+                embedder.dimension,
+                self.config.index,
+                self._file_key,
             )
         self._catch_up(
             ("dense", *key),
@@ -163,7 +172,9 @@ class StoreIndexes:
             windows = self._window_set(namespace)
             window_index = self._lexical.get(key)
             if window_index is None or window_index.recipe != windows.recipe:
-                window_index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, windows.recipe)
+                window_index = self._lexical[key] = LexicalIndex(
+                    self.directory(namespace), kind, windows.recipe, self._file_key
+                )
                 self._synced_at.pop(("lexical", *key), None)
             self._catch_up(
                 ("lexical", *key),
@@ -174,7 +185,7 @@ class StoreIndexes:
             return window_index
         index = self._lexical.get(key)
         if index is None:
-            index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, MEMORY_RECIPE)
+            index = self._lexical[key] = LexicalIndex(self.directory(namespace), kind, MEMORY_RECIPE, self._file_key)
         self._catch_up(
             ("lexical", *key),
             index,
@@ -239,7 +250,15 @@ class StoreIndexes:
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
-        """Persist every changed index (they are a cache: losing them only costs a rebuild)."""
+        """Persist every changed index (they are a cache: losing them only costs a rebuild).
+
+        Indexes of a namespace forgotten meanwhile (by another connection) are dropped, not
+        saved: they would bring the forgotten vectors and words back to disk."""
+        existing = set(self.store.namespaces.names())
+        for namespace in {ns for ns, _ in [*self._dense, *self._lexical]} - existing:
+            for kind in SOURCE_KINDS:
+                self._dense.pop((namespace, kind), None)
+                self._lexical.pop((namespace, kind), None)
         indexes: list[VectorIndex | LexicalIndex] = [*self._dense.values(), *self._lexical.values()]
         for index in indexes:
             index.save()
@@ -252,7 +271,12 @@ class StoreIndexes:
         embedder = self._embedder()
         for kind in MEMORY_KINDS:
             index = self._dense[(namespace, kind)] = VectorIndex(
-                self.directory(namespace), kind, embedder.model_id, embedder.dimension, self.config.index
+                self.directory(namespace),
+                kind,
+                embedder.model_id,
+                embedder.dimension,
+                self.config.index,
+                self._file_key,
             )
             marker = self.store.change_marker()
             reports[kind] = index.sync(

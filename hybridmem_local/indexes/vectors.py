@@ -4,13 +4,18 @@ Each index lives in ``<store>.indexes/<namespace>/<kind>.*``: the hnswlib graph,
 labels it holds as live, and a small JSON manifest (model id, dimension, count). On open the
 index is checked against SQLite's set of active ids and caught up (adds and deletions
 replayed) or rebuilt from the cached embeddings; a missing, truncated, stale or foreign index
-file is never an error. Labels are memory ids, so memory content being immutable means a
+file is never an error. When the store is encrypted the graph and labels are sealed
+(``files.paths.GenerationFiles.write_bytes``): the graph is pickled in memory (hnswlib saves
+only to a path) and never written in plaintext; a file that fails to unseal is rebuilt like
+any damaged one. Labels are memory ids, so memory content being immutable means a
 live label never points at an outdated vector.
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,7 +55,10 @@ class SyncReport(BaseModel):
 class VectorIndex:
     """Cosine-space hnswlib index whose labels are memory ids."""
 
-    def __init__(self, directory: Path, kind: str, model_id: str, dim: int, config: IndexConfig):
+    def __init__(
+        self, directory: Path, kind: str, model_id: str, dim: int, config: IndexConfig, key: bytes | None = None
+    ):
+        """``key``: the store's file-sealing key when it is encrypted (the files are sealed)."""
         self.directory = directory
         self.kind = kind
         self.model_id = model_id
@@ -63,7 +71,7 @@ class VectorIndex:
         #: Changed since loaded or saved: only then does ``save`` write a new generation.
         self._dirty = False
         self._files = GenerationFiles(
-            directory, f"{kind}.manifest.json", f"{kind}.{{}}.", f"{kind}.manifest.{{}}.tmp", "generation"
+            directory, f"{kind}.manifest.json", f"{kind}.{{}}.", f"{kind}.manifest.{{}}.tmp", "generation", key
         )
 
     def files(self) -> list[Path]:
@@ -90,20 +98,30 @@ class VectorIndex:
             manifest = IndexManifest.model_validate_json(self._files.manifest_path.read_text())
             if manifest.model_id != self.model_id or manifest.dim != self.dim:
                 return f"index built with {manifest.model_id} ({manifest.dim}-d), config uses {self.model_id}"
-            labels = np.load(self._files.path(manifest.generation, "labels.npy"))
+            labels = np.load(io.BytesIO(self._files.read_bytes(manifest.generation, "labels.npy")))
             if len(labels) != manifest.count:
                 return "label file does not match manifest"
-            index = hnswlib.Index(space="cosine", dim=self.dim)
-            index.load_index(
-                str(self._files.path(manifest.generation, "hnsw")),
-                max_elements=max(manifest.count, self.config.initial_capacity),
-            )
+            index = self._load_graph(manifest)
             index.set_ef(self.config.ef_search)
         except Exception as exc:  # any unreadable file means: rebuild from SQLite
             return f"index unreadable ({type(exc).__name__}: {exc})"
         self._index, self._live = index, set(int(x) for x in labels)
         self._known = set(int(x) for x in index.get_ids_list())
         return None
+
+    def _load_graph(self, manifest: IndexManifest) -> hnswlib.Index:
+        if self._files.sealed:
+            # Unpickled only after GCM authenticated it: only a holder of the key wrote these bytes.
+            index = pickle.loads(self._files.read_bytes(manifest.generation, "hnsw"))
+            if not isinstance(index, hnswlib.Index) or index.dim != self.dim:
+                raise ValueError("the sealed graph is not a hnswlib index of this dimension")
+            return index
+        index = hnswlib.Index(space="cosine", dim=self.dim)
+        index.load_index(
+            str(self._files.path(manifest.generation, "hnsw")),
+            max_elements=max(manifest.count, self.config.initial_capacity),
+        )
+        return index
 
     def sync(self, active_ids: np.ndarray, vectors_for: VectorSource) -> SyncReport:
         """Make the index hold exactly ``active_ids``: load, catch up, or rebuild."""
@@ -132,8 +150,13 @@ class VectorIndex:
         index, live = self._index, np.array(sorted(self._live), dtype=np.int64)
 
         def write(generation: str) -> None:
-            index.save_index(str(self._files.path(generation, "hnsw")))
-            np.save(self._files.path(generation, "labels.npy"), live)
+            if self._files.sealed:
+                self._files.write_bytes(generation, "hnsw", pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL))
+            else:
+                index.save_index(str(self._files.path(generation, "hnsw")))
+            labels = io.BytesIO()
+            np.save(labels, live)
+            self._files.write_bytes(generation, "labels.npy", labels.getvalue())
 
         self._files.save(
             write,

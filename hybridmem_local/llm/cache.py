@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.files.paths import create_owner_only
@@ -23,6 +23,7 @@ from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.replies import check_reply, schema_json
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.encryption import StoreKeys
+from hybridmem_local.storage.scrub import retry_pending, scrub
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS llm_calls (
@@ -145,7 +146,7 @@ class CachedLLM:
 
     def forget(self, tag: str) -> int:
         """Delete every entry filed under ``tag`` (e.g. a namespace); returns how many."""
-        return forget_tag(self.path, tag, self.keys)
+        return forget_tag(self.path, tag, self.keys).deleted
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM llm_calls").fetchone()[0]
@@ -165,17 +166,31 @@ class CachedLLM:
         self.close()
 
 
-def forget_tag(path: Path, tag: str, keys: StoreKeys | None = None) -> int:
-    """Delete a tag's entries from a cache file without building a backend (``forget(namespace)``)."""
+class ForgottenTag(NamedTuple):
+    deleted: int
+    #: False: another connection's read kept the deleted entries in the WAL; the scrub is
+    #: pending (``storage/scrub.py``) and retried by ``retry_pending_scrub``.
+    scrubbed: bool
+
+
+def forget_tag(path: Path, tag: str, keys: StoreKeys | None = None) -> ForgottenTag:
+    """Delete a tag's entries from a cache file without building a backend (``forget(namespace)``),
+    then scrub the file as the store is scrubbed (checkpoint, VACUUM, checked checkpoint)."""
     if not Path(path).exists():
-        return 0
+        return ForgottenTag(0, True)
     db = encryption.connect(path, keys)
     try:
         db.execute("PRAGMA secure_delete=ON")
         with db:
             deleted = db.execute("DELETE FROM llm_calls WHERE tag = ?", (tag,)).rowcount
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        db.execute("VACUUM")
+        result = scrub(db, Path(path))
     finally:
         db.close()
-    return deleted
+    return ForgottenTag(deleted, result.done)
+
+
+def retry_pending_scrub(path: Path, keys: StoreKeys | None = None) -> bool | None:
+    """Scrub the cache file again if a forget left its scrub pending: True when it is done now,
+    False when still pending, None when none was pending."""
+    result = retry_pending(Path(path), keys)
+    return None if result is None else result.done

@@ -11,7 +11,8 @@ and a session another process curated meanwhile is skipped, never stored twice. 
 consolidation (``consolidation.every_n_sessions``) runs for the namespaces the batch touched.
 
 The worker wakes on ``wake()`` (the service calls it after storing sessions) or every
-``service.worker_poll_s``.
+``service.worker_poll_s``. When idle it also finishes a forget's scrub that another
+connection's read held up (``HybridMemory.retry_pending_scrubs``).
 """
 
 from __future__ import annotations
@@ -179,8 +180,18 @@ class CurationWorker:
                 self._last_error = f"{type(exc).__name__}: {exc}"
                 worked = False
             if not worked:
+                self.retry_pending_scrubs()
                 self._wake.wait(poll_s)
                 self._wake.clear()
+
+    def retry_pending_scrubs(self) -> None:
+        """When idle: finish a forget's scrub that a reader held up (``HybridMemory.retry_pending_scrubs``)."""
+        try:
+            if self.memory.retry_pending_scrubs() == 0:
+                return
+            log.info("curation worker: a forget's scrub is still pending (another connection reads); retried next poll")
+        except Exception:  # noqa: BLE001 - e.g. the store is locked past its timeout: the next poll retries
+            log.exception("curation worker: cannot retry a pending scrub")
 
     def run_once(self) -> bool:
         """Curate one batch; False when nothing was pending or the batch failed as a whole

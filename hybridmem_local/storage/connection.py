@@ -22,6 +22,7 @@ from hybridmem_local.errors import EncryptionKeyError, StoreError
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.encryption import StoreKeys
 from hybridmem_local.storage.migrations import MIGRATIONS, SCHEMA_VERSION, split_sql
+from hybridmem_local.storage.scrub import ScrubResult, is_pending, scrub
 
 
 class Database:
@@ -63,6 +64,8 @@ class Database:
             # is off, and forget promises that the text is gone from the file.
             self.conn.execute("PRAGMA secure_delete = ON")
             self._migrate()
+            # A forget whose scrub another connection blocked finishes here, once it is gone.
+            self.retry_pending_scrub()
         except EncryptionKeyError:
             raise
         except encryption.DatabaseError as exc:
@@ -143,10 +146,22 @@ class Database:
         finally:
             target.close()
 
-    def vacuum(self) -> None:
-        """Checkpoint the WAL and rewrite the file, so freed pages keep no deleted text."""
-        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        self.conn.execute("VACUUM")
+    def scrub(self) -> ScrubResult:
+        """Leave no deleted row readable in the file, its WAL or its freed pages: checkpoint,
+        VACUUM, checkpoint, the last one checked (``storage/scrub.py``). Call it after the
+        deleting transaction commits. ``done`` False means another connection still reads an
+        older snapshot: the scrub is then pending, and retried by :meth:`retry_pending_scrub`."""
+        return scrub(self.conn, self.path)
+
+    @property
+    def scrub_pending(self) -> bool:
+        return is_pending(self.path)
+
+    def retry_pending_scrub(self) -> ScrubResult | None:
+        """Run a pending scrub again, without waiting for readers; None when none was pending."""
+        if not self.scrub_pending or self.conn.in_transaction:
+            return None
+        return scrub(self.conn, self.path, wait=False)
 
 
 def inserted_id(cursor: sqlite3.Cursor) -> int:

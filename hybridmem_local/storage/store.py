@@ -82,7 +82,9 @@ class MemoryStore(Database):
         return out
 
     def forget_namespace(self, namespace: str) -> dict[str, int]:
-        """Physically remove every row of a namespace (memories, sessions, turns, history, vectors)."""
+        """Physically remove every row of a namespace (memories, sessions, turns, history, vectors),
+        then scrub the file (``Database.scrub``); ``scrub_pending`` is 1 when another connection's
+        read kept the deleted rows in the WAL for now (retried later), else 0."""
         check_namespace(namespace)
         counts: dict[str, int] = {}
         with self.transaction() as c:
@@ -95,15 +97,16 @@ class MemoryStore(Database):
             c.execute("DELETE FROM events WHERE namespace = ?", (namespace,))
             c.execute("DELETE FROM turns WHERE namespace = ?", (namespace,))
             c.execute("DELETE FROM namespaces WHERE name = ?", (namespace,))
-        # Freed pages would otherwise still hold the forgotten text on disk.
-        self.vacuum()
+        # The WAL and freed pages would otherwise still hold the forgotten text on disk.
+        counts["scrub_pending"] = int(not self.scrub().done)
         return counts
 
     def delete_memories(
         self, namespace: str, ids: Sequence[int], text_hashes: Sequence[str], record: dict[str, Any], reason: str
     ) -> tuple[int, int]:
         """Physically delete memories, their events and the cached embeddings of ``text_hashes``,
-        recording one 'purge' event with ``record``; returns (events, embeddings) deleted."""
+        recording one 'purge' event with ``record``; returns (events, embeddings) deleted.
+        Usually called inside the caller's transaction: the caller scrubs after it commits."""
         events = embeddings = 0
         with self.transaction() as c:
             for chunk in chunks(ids):
