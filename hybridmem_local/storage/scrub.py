@@ -62,12 +62,12 @@ def scrub(conn: Any, path: Path | None, *, wait: bool = True) -> ScrubResult:
         # The first checkpoint only moves committed frames into the file before VACUUM reads it:
         # a reader blocking it is dealt with by the last one, so it never waits.
         conn.execute("PRAGMA busy_timeout = 0")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        _checkpoint_once(conn)
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms) if wait else 0}")
         try:
             conn.execute("VACUUM")
-        except encryption.OperationalError as exc:  # another connection writes: its lock outlasted the wait
-            result = ScrubResult(False, (1, -1, -1), f"VACUUM: {exc}")
+        except encryption.OperationalError as exc:  # a writer's lock outlasted the wait, or the disk is full
+            result = ScrubResult(False, (1, -1, -1), f"VACUUM failed: {exc}")
         else:
             result = _checkpoint(conn, CHECKPOINT_ATTEMPTS if wait else 1)
     finally:
@@ -76,11 +76,18 @@ def scrub(conn: Any, path: Path | None, *, wait: bool = True) -> ScrubResult:
     return result
 
 
+def _checkpoint_once(conn: Any) -> tuple[int, int, int]:
+    try:
+        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    except encryption.OperationalError:  # locked by a writer past the wait: as busy as a reader
+        return (1, -1, -1)
+    return (int(busy), int(frames), int(copied))
+
+
 def _checkpoint(conn: Any, attempts: int) -> ScrubResult:
     last = (1, -1, -1)
     for _ in range(attempts):
-        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        last = (int(busy), int(frames), int(copied))
+        last = busy, frames, copied = _checkpoint_once(conn)
         # (0, 0, 0) after TRUNCATE in WAL mode; (0, -1, -1) when the file is not in WAL mode (no WAL).
         if busy == 0 and frames == copied and frames <= 0:
             return ScrubResult(True, last)
