@@ -556,7 +556,9 @@ class HybridMemory:
         if self.store.path is not None:
             from hybridmem_local.llm.cache import forget_tag
 
-            forgotten = forget_tag(self._llm_cache_path(), namespace, self.store.keys)
+            forgotten = forget_tag(
+                self._llm_cache_path(), namespace, self.store.keys, self.config.store.busy_timeout_ms / 1000
+            )
             counts["llm_cache"] = forgotten.deleted
             counts["scrub_pending"] += int(not forgotten.scrubbed)
         if counts["scrub_pending"]:

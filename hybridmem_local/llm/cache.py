@@ -173,12 +173,13 @@ class ForgottenTag(NamedTuple):
     scrubbed: bool
 
 
-def forget_tag(path: Path, tag: str, keys: StoreKeys | None = None) -> ForgottenTag:
+def forget_tag(path: Path, tag: str, keys: StoreKeys | None = None, busy_timeout_s: float = 5.0) -> ForgottenTag:
     """Delete a tag's entries from a cache file without building a backend (``forget(namespace)``),
-    then scrub the file as the store is scrubbed (checkpoint, VACUUM, checked checkpoint)."""
+    then scrub the file as the store is scrubbed (checkpoint, VACUUM, checked checkpoint; each
+    waiting up to ``busy_timeout_s`` for other connections)."""
     if not Path(path).exists():
         return ForgottenTag(0, True)
-    db = encryption.connect(path, keys)
+    db = encryption.connect(path, keys, timeout=busy_timeout_s)
     try:
         db.execute("PRAGMA secure_delete=ON")
         with db:

@@ -290,9 +290,6 @@ def test_a_reader_makes_the_scrub_pending_until_it_ends(blocked_forget):
 def test_the_service_worker_finishes_a_pending_scrub_when_idle(blocked_forget, hashing_embedder, llm_server):
     memory, reader, folder, gone, _ = blocked_forget
     worker = CurationWorker(memory.store.path, memory.config, hashing_embedder, memory.llm)
-    worker.memory.config = memory.config.model_copy(
-        update={"curation": memory.config.curation.model_copy(update={"batch_sessions": 0})}
-    )
     reader.execute("COMMIT")
     worker.start()
     try:
@@ -314,6 +311,33 @@ def test_the_next_open_finishes_a_pending_scrub(blocked_forget):
         assert found(folder, gone.all()) == {}
     finally:
         reopened.close()
+
+
+def test_a_reader_of_the_llm_cache_makes_its_scrub_pending(tmp_path, hashing_embedder, llm_server):
+    folder = tmp_path / "store"
+    folder.mkdir()
+    db = folder / "memory.db"
+    gone, kept = markers_for(GONE), markers_for(KEPT)
+    config = store_config(llm_server, **{"store.busy_timeout_ms": 300})
+    with HybridMemory.open(db, config, embedder=hashing_embedder) as memory:
+        for markers in (gone, kept):
+            plant(memory, markers)
+        cache = Path(str(db) + ".llm_cache.sqlite")
+        reader = sqlite3.connect(cache, isolation_level=None)
+        try:
+            reader.execute("BEGIN")
+            assert reader.execute("SELECT count(*) FROM llm_calls").fetchone()[0] > 0
+            counts = memory.forget(GONE)
+            assert counts["scrub_pending"] == 1 and counts["llm_cache"] >= 2
+            assert pending_marker(cache).exists() and not pending_marker(db).exists()
+            assert "answer" in found(folder, gone.all())  # the deleted replies wait in the cache's WAL
+            assert memory.retry_pending_scrubs() == 1
+            reader.execute("COMMIT")
+            assert memory.retry_pending_scrubs() == 0
+        finally:
+            reader.close()
+        assert not pending_marker(cache).exists()
+        assert_forgotten(folder, gone, kept)
 
 
 # --------------------------------------------------------------------------- encryption on
