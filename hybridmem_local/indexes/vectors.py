@@ -113,8 +113,8 @@ class VectorIndex:
         if self._files.sealed:
             # Unpickled only after GCM authenticated it: only a holder of the key wrote these bytes.
             index = pickle.loads(self._files.read_bytes(manifest.generation, "hnsw"))
-            if not isinstance(index, hnswlib.Index) or index.dim != self.dim:
-                raise ValueError("the sealed graph is not a hnswlib index of this dimension")
+            if not isinstance(index, hnswlib.Index) or (index.space, index.dim) != ("cosine", self.dim):
+                raise ValueError(f"the sealed graph is not a cosine hnswlib index of {self.dim} dimensions")
             return index
         index = hnswlib.Index(space="cosine", dim=self.dim)
         index.load_index(

@@ -470,6 +470,41 @@ def test_a_damaged_sealed_index_is_rebuilt_with_fresh_results(damage, tmp_path, 
     assert damaged == search_results(db, config, hashing_embedder)
 
 
+def test_a_sealed_file_opens_only_as_the_file_it_was_written_as(tmp_path):
+    from hybridmem_local.files.paths import GenerationFiles
+    from hybridmem_local.files.sealing import SealError
+
+    key = generate_master_key()
+
+    def files(namespace: str = "a", kind: str = "episode", key: bytes | None = key) -> GenerationFiles:
+        return GenerationFiles(tmp_path / namespace, f"{kind}.json", f"{kind}.{{}}.", f"{kind}.{{}}.tmp", "gen", key)
+
+    (tmp_path / "a").mkdir()
+    files().write_bytes("0123456789ab", "vocab.json", b'["zqsecret7"]')
+    written = files().path("0123456789ab", "vocab.json")
+    assert written.read_bytes().startswith(MAGIC) and b"zqsecret7" not in written.read_bytes()
+    assert oct(written.stat().st_mode & 0o777) == "0o600"
+    assert files().read_bytes("0123456789ab", "vocab.json") == b'["zqsecret7"]'
+    # Moved to another namespace, kind, generation or file name: each fails to open.
+    for namespace, kind, generation, suffix in [
+        ("b", "episode", "0123456789ab", "vocab.json"),
+        ("a", "tuple", "0123456789ab", "vocab.json"),
+        ("a", "episode", "ba9876543210", "vocab.json"),
+        ("a", "episode", "0123456789ab", "labels.npy"),
+    ]:
+        target = files(namespace, kind).path(generation, suffix)
+        target.parent.mkdir(exist_ok=True)
+        shutil.copyfile(written, target)
+        with pytest.raises(SealError):
+            files(namespace, kind).read_bytes(generation, suffix)
+    with pytest.raises(SealError):  # another key
+        files(key=generate_master_key()).read_bytes("0123456789ab", "vocab.json")
+    files(key=None).write_bytes("0123456789ab", "data.npy", b"plain")  # an unencrypted store's file
+    assert files(key=None).path("0123456789ab", "data.npy").read_bytes() == b"plain"
+    with pytest.raises(SealError):
+        files().read_bytes("0123456789ab", "data.npy")
+
+
 # --------------------------------------------------------------------------- CLI and HTTP
 
 
