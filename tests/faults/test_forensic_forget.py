@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -223,8 +223,6 @@ def test_forget_leaves_no_byte_of_the_namespace_with_the_store_open(tmp_path, ha
 
 
 def test_purge_scrubs_the_store(tmp_path, hashing_embedder, llm_server):
-    from datetime import timedelta
-
     folder = tmp_path / "store"
     folder.mkdir()
     db = folder / "memory.db"
