@@ -176,7 +176,8 @@ def assert_whole(db: Path, candidates: list[StoreKeys | None], counts: dict[str,
 
 def delays(operation_s: float, seed: int) -> list[float]:
     rng = random.Random(seed)
-    return [rng.uniform(0, operation_s * 1.1) for _ in range(TRIALS)]
+    # A little past the end too: some trials see the whole operation done and the rerun refuse.
+    return [rng.uniform(0, operation_s * 1.3) for _ in range(TRIALS)]
 
 
 def test_encrypt_killed_at_random_points_leaves_plaintext_xor_encrypted_and_finishes_when_rerun(
