@@ -58,6 +58,7 @@ from hybridmem_local.schema import (
 )
 from hybridmem_local.storage.embedding_cache import text_hash
 from hybridmem_local.storage.events import Event
+from hybridmem_local.storage.rekey import llm_cache_path
 from hybridmem_local.storage.store import MemoryStore
 from hybridmem_local.usage import LLMUsage
 
@@ -182,7 +183,7 @@ class HybridMemory:
         return self._llm
 
     def _llm_cache_path(self) -> Path:
-        return Path(str(self.store.path) + ".llm_cache.sqlite")
+        return llm_cache_path(Path(str(self.store.path)))
 
     def rebuild_indexes(self, namespace: str) -> dict[str, SyncReport]:
         """Throw the namespace's index files away and build them again from SQLite."""
@@ -901,11 +902,16 @@ class HybridMemory:
     # ------------------------------------------------------------------ export / import
 
     def export(self, namespace: str, path: str | Path) -> int:
-        """Write a namespace as JSONL (sessions with turns, then memories with provenance)."""
+        """Write a namespace as JSONL (sessions with turns, then memories with provenance); when
+        the store is encrypted, the file is sealed with its key (``files.sessions.export_bytes``)
+        and only ``import_`` into a store with that key reads it. Returns the records written."""
+        from hybridmem_local.files.sessions import export_bytes
+
         records = self.export_records(namespace)
         path = Path(path)
-        with open(path, "w", encoding="utf-8", opener=owner_only_opener) as out:
-            out.writelines(records)
+        data = export_bytes(records, None if self.store.keys is None else self.store.keys.files)
+        with open(path, "wb", opener=owner_only_opener) as out:
+            out.write(data)
         self.store.namespaces.record_export(namespace, path)
         return len(records)
 
@@ -925,10 +931,12 @@ class HybridMemory:
         return sessions + memories
 
     def import_(self, path: str | Path, namespace: str | None = None) -> dict[str, int]:
-        """Load a JSONL export (optionally into another namespace) in one transaction."""
+        """Load an export (optionally into another namespace) in one transaction; a sealed one
+        needs this store's key (a clear error and nothing imported otherwise)."""
         from hybridmem_local.files.sessions import read_export
 
-        sessions, memories = read_export(Path(path), namespace)
+        key = None if self.store.keys is None else self.store.keys.files
+        sessions, memories = read_export(Path(path), namespace, key)
         target = {m.namespace for m in memories} | {s.session.namespace for s in sessions}
         old_to_new: dict[int, int] = {}
         with self.store.transaction():

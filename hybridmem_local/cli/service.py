@@ -103,13 +103,15 @@ def keys_create(
     role: str = typer.Option(..., "--role", help="read, write or admin (each includes the ones before)."),
     label: str | None = typer.Option(None, "--label", help="A note saying whose key this is."),
     db: Path = DB_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Create a key; it is printed once and only its salted hash is kept."""
     from hybridmem_local.service.keys import KeyRing
     from hybridmem_local.storage.store import MemoryStore
 
     with reported(*USER_ERRORS):
-        store = MemoryStore(db)
+        store = MemoryStore.open(db, config_from(config, overrides).store)
         try:
             key, token = KeyRing(store).create(namespace, role, label)
         finally:
@@ -119,13 +121,18 @@ def keys_create(
 
 
 @keys_app.command("list")
-def keys_list(db: Path = DB_OPTION, as_json: bool = JSON_OPTION) -> None:
+def keys_list(
+    db: Path = DB_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
     """Every key with its role, namespaces and whether it is revoked (never the secret)."""
     from hybridmem_local.service.keys import KeyRing
     from hybridmem_local.storage.store import MemoryStore
 
     with reported(*USER_ERRORS):
-        store = MemoryStore(db)
+        store = MemoryStore.open(db, config_from(config, overrides).store)
         try:
             keys = KeyRing(store).list()
         finally:
@@ -148,14 +155,17 @@ def keys_list(db: Path = DB_OPTION, as_json: bool = JSON_OPTION) -> None:
 
 @keys_app.command("revoke")
 def keys_revoke(
-    key_id: str = typer.Argument(..., help="The key id (the 8 hex characters after hm_)."), db: Path = DB_OPTION
+    key_id: str = typer.Argument(..., help="The key id (the 8 hex characters after hm_)."),
+    db: Path = DB_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """Revoke a key: a running server refuses it from its next request on."""
     from hybridmem_local.service.keys import KeyRing
     from hybridmem_local.storage.store import MemoryStore
 
     with reported(*USER_ERRORS):
-        store = MemoryStore(db)
+        store = MemoryStore.open(db, config_from(config, overrides).store)
         try:
             key = KeyRing(store).revoke(key_id)
         finally:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from hybridmem_local.errors import InputFileError, InvalidInputError
+from hybridmem_local.errors import EncryptionKeyError, InputFileError, InvalidInputError
 from hybridmem_local.files.readers import (
     describe_validation_error,
     is_stdin,
@@ -29,6 +29,7 @@ from hybridmem_local.files.readers import (
     read_json_lines,
     read_json_list,
 )
+from hybridmem_local.files.sealing import SealError, is_sealed, seal, unseal
 from hybridmem_local.schema import Episode, RelationalTuple, Session, SessionRecord, Turn, check_namespace
 
 __all__ = [
@@ -76,13 +77,38 @@ def read_sessions_jsonl(path: Path, namespace: str | None = None, raw: bytes | N
     return sessions
 
 
+#: What a sealed export is bound to (``files/sealing.py``): an export file, format v1.
+EXPORT_CONTEXT = "export/v1"
+
+
+def export_bytes(records: Sequence[str], key: bytes | None) -> bytes:
+    """An export file's bytes: the JSONL ``records``, sealed with ``key`` (an encrypted store's
+    ``keys.files``) so that the file is encrypted at rest like the store it came from."""
+    data = "".join(records).encode("utf-8")
+    return data if key is None else seal(key, EXPORT_CONTEXT, data)
+
+
 def read_export(
-    path: Path, namespace: str | None = None
+    path: Path, namespace: str | None = None, key: bytes | None = None
 ) -> tuple[list[SessionRecord], list[Episode | RelationalTuple]]:
-    """Parse a ``HybridMemory.export`` file; ``namespace`` renames its namespace on import."""
+    """Parse a ``HybridMemory.export`` file, plaintext or sealed (``key``: the importing store's
+    ``keys.files``, None when it is not encrypted); ``namespace`` renames its namespace on import."""
+    raw = read_input(path)
+    if is_sealed(raw):
+        if key is None:
+            raise EncryptionKeyError(
+                f"{path} is a sealed (encrypted) export: import it into a store with store.encryption: "
+                "sqlcipher and the master key it was exported with"
+            )
+        try:
+            raw = unseal(key, EXPORT_CONTEXT, raw)
+        except SealError as exc:
+            raise EncryptionKeyError(
+                f"cannot import {path}: {exc} (the store's master key is not the one it was exported with?)"
+            ) from None
     sessions: list[SessionRecord] = []
     memories: list[Episode | RelationalTuple] = []
-    for number, record in read_json_lines(path):
+    for number, record in read_json_lines(path, raw):
         kind = record.pop("type", None)
         try:
             if kind == "session":

@@ -53,6 +53,12 @@ def _sqlcipher() -> Any:
     return sqlcipher3
 
 
+def sqlcipher_module() -> Any:
+    """The ``sqlcipher3`` module, for what :func:`connect` does not do (``sqlcipher_export`` of a
+    plaintext file: ``storage/rekey.py``); a clear error when the extra is not installed."""
+    return _sqlcipher()
+
+
 def _sqlcipher_classes(name: str) -> tuple[type[Exception], ...]:
     try:
         import sqlcipher3
