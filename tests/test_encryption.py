@@ -159,7 +159,7 @@ def vacuumed(db: Path, keys: StoreKeys) -> tuple[int, int]:
     """Checkpoint and vacuum the store (every page in the main file); (page size, page count)."""
     store = MemoryStore(db, keys=keys)
     try:
-        store.vacuum()
+        store.scrub()
         return (
             int(store.conn.execute("PRAGMA page_size").fetchone()[0]),
             int(store.conn.execute("PRAGMA page_count").fetchone()[0]),
