@@ -588,6 +588,7 @@ def doctor(
 
 
 def _mount_subcommands() -> None:
+    from hybridmem_local.cli.audit import app as audit_app
     from hybridmem_local.cli.eval import app as eval_app
     from hybridmem_local.cli.models import app as models_app
     from hybridmem_local.cli.service import keys_app, mcp_stdio, serve
@@ -595,6 +596,7 @@ def _mount_subcommands() -> None:
     app.command()(serve)
     app.command("mcp")(mcp_stdio)
     app.add_typer(keys_app, name="keys")
+    app.add_typer(audit_app, name="audit")
     app.add_typer(models_app, name="models", help="Model manifest: list, verify, download, bundle, install-bundle.")
     app.add_typer(eval_app, name="eval", help="Benchmark runs (LoCoMo, LongMemEval) and their reports.")
 
