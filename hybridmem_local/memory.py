@@ -135,7 +135,9 @@ def _audited(method: Callable[Concatenate[HybridMemory, _P], _R]) -> Callable[Co
     def namespace_of(args: tuple, kwargs: dict) -> str | None:
         if position is None:
             return None
-        value = kwargs["namespace"] if "namespace" in kwargs else args[position - 1] if len(args) >= position else default
+        value = (
+            kwargs["namespace"] if "namespace" in kwargs else args[position - 1] if len(args) >= position else default
+        )
         return value if isinstance(value, str) else None
 
     @functools.wraps(method)

@@ -106,7 +106,9 @@ def test_each_facade_operation_leaves_one_entry_with_ids_and_no_text(tmp_path, h
 def test_forget_keeps_the_namespaces_audit_entries_and_disabled_records_nothing(tmp_path, hashing_embedder):
     db = tmp_path / "memory.db"
     with open_memory(db, hashing_embedder) as memory:
-        memory.add_memories("bob", tuples=[TupleDraft(entity="Bob", relation="ran", object="10K", timestamp="2023-05-07")])
+        memory.add_memories(
+            "bob", tuples=[TupleDraft(entity="Bob", relation="ran", object="10K", timestamp="2023-05-07")]
+        )
         memory.forget("bob")
         assert [e.action for e in memory.store.audit.entries(namespace="bob")] == [
             "HybridMemory.add_memories",
@@ -199,7 +201,9 @@ def test_trim_keeps_the_chain_verifiable_and_is_an_entry_itself(tmp_path):
     assert entries[-1].action == "audit.trim" and entries[-1].refs["trimmed"] == [6]
     verdict = store.audit.verify()
     assert verdict.ok and verdict.anchor_id == 6 and verdict.entries == 5
-    store.audit.append([PendingEntry(at=utcnow().isoformat(), actor="k", action="a", namespace=None, refs={}, outcome="ok")])
+    store.audit.append(
+        [PendingEntry(at=utcnow().isoformat(), actor="k", action="a", namespace=None, refs={}, outcome="ok")]
+    )
     assert store.audit.verify().ok
     store.close()
     # After a trim, tampering is still found, and a broken chain is not trimmed (that would hide it).

@@ -62,9 +62,7 @@ def verify(
     if as_json:
         print_json(verdict)
     elif verdict.ok:
-        console.print(
-            f"ok: {verdict.entries} entries after anchor {verdict.anchor_id}; head hash {verdict.head_hash}"
-        )
+        console.print(f"ok: {verdict.entries} entries after anchor {verdict.anchor_id}; head hash {verdict.head_hash}")
     if not verdict.ok:
         raise fail(f"audit chain broken at entry {verdict.first_bad_id}: {verdict.problem}")
 

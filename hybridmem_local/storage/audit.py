@@ -90,13 +90,14 @@ class AuditScope:
 
     def entries(self) -> list[PendingEntry]:
         """One entry per namespace touched (namespace None only when the operation named none)."""
-        named = {ns: kinds for ns, kinds in self.refs.items() if ns is not None}
+        named: dict[str | None, dict[str, dict[Ref, None]]] = {
+            ns: kinds for ns, kinds in self.refs.items() if ns is not None
+        }
         if not named:
             named = {None: self.refs.get(None, {})}
-        elif None in self.refs:  # ids noted without a namespace belong to the one namespace, if one
-            if len(named) == 1:
-                for kind, ids in self.refs[None].items():
-                    next(iter(named.values())).setdefault(kind, {}).update(ids)
+        elif None in self.refs and len(named) == 1:  # ids noted without a namespace: the one named
+            for kind, ids in self.refs[None].items():
+                next(iter(named.values())).setdefault(kind, {}).update(ids)
         return [
             PendingEntry(
                 at=self.at.isoformat(),
@@ -345,7 +346,8 @@ class AuditLog:
         limit: int | None = None,
     ) -> list[AuditEntry]:
         """Entries in chain order, of one actor (key id), namespace, from a time on."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[str | int] = []
         for column, value in (("actor", actor), ("namespace", namespace)):
             if value is not None:
                 where.append(f"{column} = ?")

@@ -208,14 +208,13 @@ def test_every_route_leaves_one_entry_with_its_key_route_and_namespace_and_no_te
     seen: set[tuple[str, str]] = set()
     # Every route at least twice, in a seeded random order, each by a random key: mostly one
     # that may (ok), sometimes one of another namespace (refused, and audited as refused).
-    plan = [call for call in CALLS for _ in range(2)] + [rng.choice(CALLS) for _ in range(20)]
-    rng.shuffle(plan)
-    # Writes first in each namespace so reads find something.
-    for namespace in NAMESPACES:
-        plan.insert(0, CALLS[4])
-    for i, call in enumerate(plan):
-        namespace = rng.choice(NAMESPACES)
-        allowed = rng.random() > 0.15
+    drawn = [call for call in CALLS for _ in range(2)] + [rng.choice(CALLS) for _ in range(20)]
+    rng.shuffle(drawn)
+    # Memories first in each namespace, so that reads find something.
+    plan = [(CALLS[4], namespace, True) for namespace in NAMESPACES] + [
+        (call, rng.choice(NAMESPACES), rng.random() > 0.15) for call in drawn
+    ]
+    for i, (call, namespace, allowed) in enumerate(plan):
         if allowed:
             key_id = rng.choice(keys.by_role[(namespace, call.role)])
         else:
@@ -287,7 +286,10 @@ def test_every_route_leaves_one_entry_with_its_key_route_and_namespace_and_no_te
     assert not [t for t in [*keys.tokens.values(), created["token"]] if t in raw]
     # The worker's curation of the queued sessions is there too, as the worker's.
     curated = [r for r in audit_rows(db, worker=True) if r["actor"] == "worker"]
-    assert curated and {r["action"] for r in curated} <= {"HybridMemory.curate_stored", "HybridMemory.mark_curation_failed"}
+    assert curated and {r["action"] for r in curated} <= {
+        "HybridMemory.curate_stored",
+        "HybridMemory.mark_curation_failed",
+    }
     # Forgetting "east" left its audit entries (ids, not text) and the chain verifies.
     store = MemoryStore(db)
     try:
