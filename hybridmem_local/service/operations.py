@@ -52,6 +52,7 @@ from hybridmem_local.service.models import (
 )
 from hybridmem_local.service.state import ServiceState
 from hybridmem_local.storage import audit
+from hybridmem_local.storage.audit import AuditEntry
 from hybridmem_local.storage.events import Event
 
 # --------------------------------------------------------------------------- who may act on which namespace
@@ -285,6 +286,19 @@ class KeyAdmin:
         return self.state.keys.revoke(key_id)
 
 
+class AuditReader:
+    """The audit trail, for an admin key of every namespace (``*``): it names every key and
+    namespace, so a key of some namespaces only may not read it."""
+
+    def __init__(self, state: ServiceState):
+        self.state = state
+
+    def entries(self, actor: str | None, namespace: str | None, since: datetime | None, limit: int) -> list[AuditEntry]:
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidInputError(f"limit must be 1-{MAX_PAGE}, got {limit}")
+        return self.state.audit_entries(actor, namespace, since, limit)
+
+
 # --------------------------------------------------------------------------- the entry point
 
 Handle = TypeVar("Handle", bound=Reader)
@@ -310,6 +324,13 @@ class Operations:
 
     def admin(self, scope: Scope, namespace: str | None) -> Admin:
         return self.on(Admin, scope, namespace)
+
+    def audit(self, key: ApiKey) -> AuditReader:
+        if key.role != Role.admin or key.revoked_at is not None or key.namespaces != [ALL_NAMESPACES]:
+            raise ForbiddenError(
+                f"reading the audit trail needs an admin key of every namespace ('*'); API key {key.key_id} is not one"
+            )
+        return AuditReader(self.state)
 
     def keys(self, key: ApiKey) -> KeyAdmin:
         if key.role != Role.admin or key.revoked_at is not None:

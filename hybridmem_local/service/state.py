@@ -46,7 +46,7 @@ from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, SessionRecord
 from hybridmem_local.service.keys import KeyRing
 from hybridmem_local.service.worker import CurationWorker
-from hybridmem_local.storage.audit import AuditLog, AuditScope
+from hybridmem_local.storage.audit import AuditEntry, AuditLog, AuditScope
 from hybridmem_local.storage.encryption import load_keys
 from hybridmem_local.storage.store import MemoryStore
 
@@ -247,6 +247,13 @@ class ServiceState:
     def flush_audit(self, timeout_s: float | None = None) -> bool:
         """Wait until the audit entries queued so far are stored (tests, and ``close``)."""
         return self._audit.flush(timeout_s) if self._audit is not None else True
+
+    def audit_entries(
+        self, actor: str | None, namespace: str | None, since: datetime | None, limit: int
+    ) -> list[AuditEntry]:
+        """The store's audit entries, oldest first (``GET /v1/audit`` for an all-namespace admin key)."""
+        with self.memory() as memory:
+            return memory.store.audit.entries(actor=actor, namespace=namespace, since=since, limit=limit)
 
     def enqueue(self, sessions: Sequence[Session]) -> list[SessionRecord]:
         """Store sessions raw as ``pending`` in one transaction (all or none) and wake the worker

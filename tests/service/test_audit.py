@@ -300,6 +300,22 @@ def test_every_route_leaves_one_entry_with_its_key_route_and_namespace_and_no_te
         store.close()
 
 
+def test_an_admin_key_of_every_namespace_reads_the_audit_over_http(service, keys):
+    everything = keys.by_role[("north", "admin")][-1]
+    north_admin = keys.by_role[("north", "admin")][0]
+    with service.client(keys.tokens[north_admin]) as client:
+        refused = client.get("/v1/audit")
+        assert refused.status_code == 403 and "every namespace" in refused.json()["error"]["message"]
+    assert service.state.flush_audit(10)
+    with service.client(keys.tokens[everything]) as client:
+        entries = client.get("/v1/audit", params={"key": north_admin, "limit": 1000}).json()
+        assert entries[-1]["action"] == "GET /v1/audit" and entries[-1]["outcome"] == "forbidden"
+        assert {e["actor"] for e in entries} == {north_admin}
+        page = client.get("/v1/audit", params={"limit": 2}).json()
+        assert [e["id"] for e in page] == [1, 2]
+        assert client.get("/v1/audit", params={"limit": 0}).status_code == 422
+
+
 def test_health_routes_and_refused_keys_leave_no_entry(service, keys):
     """No key, no actor: /healthz, /readyz and a request without a valid key are only in the
     access log (an unauthenticated flood must not fill the store)."""
