@@ -304,3 +304,27 @@ def test_a_read_does_not_wait_for_another_connections_write_transaction(tmp_path
         assert [e.action for e in memory.store.audit.entries()][-1] == "HybridMemory.search"
         assert len(memory.store.audit.entries()) == 3
         assert memory.store.audit.verify().ok
+
+
+def test_an_encrypted_store_keeps_its_audit_encrypted_and_verifiable(tmp_path, hashing_embedder, monkeypatch):
+    """With SQLCipher on, entries go through both paths (the operation's connection, and the
+    writer thread's own connection while the lock is held elsewhere), the file shows none of the
+    chain in the clear, and ``audit verify`` opens it with the key from the environment."""
+    from hybridmem_local.storage.encryption import generate_master_key
+
+    monkeypatch.setenv("HYBRIDMEM_MASTER_KEY", generate_master_key().hex())
+    db = tmp_path / "memory.db"
+    with open_memory(db, hashing_embedder, **{"store.encryption": "sqlcipher"}) as memory:
+        memory.add_memories("alice", tuples=[TupleDraft(entity="A", relation="b", object="c", timestamp="2023-05-05")])
+        other = memory.store.__class__.open(db, memory.config.store)
+        other.conn.execute("BEGIN IMMEDIATE")
+        memory.search("while locked", namespace="alice")  # handed to the writer thread
+        other.conn.execute("COMMIT")
+        other.close()
+        assert memory.store.audit.flush(10)
+        assert [e.action for e in memory.store.audit.entries()] == ["HybridMemory.add_memories", "HybridMemory.search"]
+    assert b"HybridMemory" not in db.read_bytes()
+    config = tmp_path / "config.yaml"
+    config.write_text("store:\n  encryption: sqlcipher\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["audit", "verify", "--db", str(db), "--config", str(config)])
+    assert result.exit_code == 0 and "ok: 2 entries" in result.output, result.output
