@@ -278,6 +278,15 @@ class StoreConfig(_Section):
     key_file: Path | None = None
 
 
+class AuditConfig(_Section):
+    """The audit trail (storage/audit.py): who read or changed what, ids only, as a hash chain."""
+
+    #: Record every operation of the Python API, the CLI and the service.
+    enabled: bool = True
+    #: ``hybridmem audit trim`` removes entries older than this many days (None: keep them all).
+    retention_days: int | None = Field(default=None, ge=1)
+
+
 class ServiceConfig(_Section):
     """``hybridmem serve``: the HTTP and MCP service over one store, and its curation worker."""
 
@@ -311,6 +320,7 @@ class Config(_Section):
     consolidation: ConsolidationConfig = Field(default_factory=ConsolidationConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     service: ServiceConfig = Field(default_factory=ServiceConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> Config:

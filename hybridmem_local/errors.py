@@ -100,6 +100,10 @@ class StoreError(HybridMemError, RuntimeError):
     """The database cannot be opened or a write was refused; nothing was changed."""
 
 
+class AuditChainError(StoreError):
+    """The audit trail's hash chain does not verify (an entry edited, deleted or moved)."""
+
+
 class EncryptionKeyError(StoreError):
     """The encrypted store's key is missing, malformed, loosely readable or not the store's key;
     the message names where it was looked for. Nothing was written."""

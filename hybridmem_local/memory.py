@@ -15,13 +15,15 @@ applied here, on the store.
 from __future__ import annotations
 
 import builtins  # annotations after the method `list` below name the builtin as builtins.list
+import functools
+import inspect
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -56,6 +58,7 @@ from hybridmem_local.schema import (
     check_page,
     utcnow,
 )
+from hybridmem_local.storage import audit
 from hybridmem_local.storage.embedding_cache import text_hash
 from hybridmem_local.storage.events import Event
 from hybridmem_local.storage.rekey import llm_cache_path
@@ -112,6 +115,74 @@ class AddSessionResult(BaseModel):
     session: SessionRecord
     memories: list[Episode | RelationalTuple]
     report: IngestReport
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _audited(method: Callable[Concatenate[HybridMemory, _P], _R]) -> Callable[Concatenate[HybridMemory, _P], _R]:
+    """Record each call in the audit trail (``storage/audit.py``, ``audit.enabled``): one entry
+    ``HybridMemory.<name>`` per namespace, naming the ids the call returned (memories read,
+    windows, sessions, an answer's context) and changed (its events). A call made inside another
+    operation (a nested facade call, or a service request naming its key and route) adds to that
+    operation's entry instead of writing its own; only the outermost facade call reports ids of
+    its result, so an answer records the context it showed, not every candidate retrieved."""
+    action = f"HybridMemory.{method.__name__}"
+    parameters = list(inspect.signature(method).parameters.values())
+    position = next((i for i, p in enumerate(parameters) if p.name == "namespace"), None)
+    default = parameters[position].default if position is not None else None
+
+    def namespace_of(args: tuple, kwargs: dict) -> str | None:
+        if position is None:
+            return None
+        value = (
+            kwargs["namespace"] if "namespace" in kwargs else args[position - 1] if len(args) >= position else default
+        )
+        return value if isinstance(value, str) else None
+
+    @functools.wraps(method)
+    def recorded(self: HybridMemory, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not self.config.audit.enabled:
+            return method(self, *args, **kwargs)
+        with audit.operation(action, self.store.audit.record) as scope:
+            scope.depth += 1
+            try:
+                outermost = scope.depth == 1
+                namespace = namespace_of(args, kwargs)
+                if outermost and namespace is not None:
+                    scope.note(namespace)
+                result = method(self, *args, **kwargs)
+                if outermost:
+                    _note_result(scope, namespace, result)
+                return result
+            finally:
+                scope.depth -= 1
+
+    return recorded
+
+
+def _note_result(scope: audit.AuditScope, namespace: str | None, result: Any) -> None:
+    """The ids a call hands back (never its text): memories, windows, sessions, an answer's context."""
+    from hybridmem_local.answering.answerer import Answer
+
+    for item in result if isinstance(result, builtins.list) else [result]:
+        if isinstance(item, SearchResult):
+            scope.note(
+                item.namespace,
+                read=[h.memory.stored_id for h in [*item.episodes, *item.tuples]],
+                windows=[h.window.id for h in item.windows],
+            )
+        elif isinstance(item, (Episode, RelationalTuple)):
+            scope.note(item.namespace, read=[item.stored_id])
+        elif isinstance(item, Event) and item.memory_id is not None:
+            scope.note(item.namespace, read=[item.memory_id])
+        elif isinstance(item, SessionRecord):
+            scope.note(item.session.namespace, sessions=[item.session.session_id])
+        elif isinstance(item, AddSessionResult):
+            scope.note(item.session.session.namespace, sessions=[item.session.session.session_id])
+        elif isinstance(item, Answer):
+            scope.note(namespace, context=item.context_memory_ids, cited=item.cited_memory_ids)
 
 
 class HybridMemory:
@@ -185,12 +256,14 @@ class HybridMemory:
     def _llm_cache_path(self) -> Path:
         return llm_cache_path(Path(str(self.store.path)))
 
+    @_audited
     def rebuild_indexes(self, namespace: str) -> dict[str, SyncReport]:
         """Throw the namespace's index files away and build them again from SQLite."""
         return self.indexes.rebuild(namespace)
 
     # ------------------------------------------------------------------ writes
 
+    @_audited
     def add_session(self, session: Session) -> AddSessionResult:
         """Store one session and curate it (or queue it: ``curation.mode``); see ``ingest``."""
         report = IngestReport()
@@ -202,6 +275,7 @@ class HybridMemory:
             report=report,
         )
 
+    @_audited
     def ingest(
         self, sessions: Sequence[Session], curate: bool = True, on_progress: ProgressCallback | None = None
     ) -> IngestReport:
@@ -216,6 +290,7 @@ class HybridMemory:
         self._ingest(sessions, curate, report, on_progress)
         return report
 
+    @_audited
     def enqueue(self, sessions: Sequence[Session], max_pending: int | None = None) -> list[SessionRecord]:
         """Store sessions raw as ``pending`` for a curator to take later (``curate_pending``, or the
         service's worker), in one transaction: all or none.
@@ -236,6 +311,7 @@ class HybridMemory:
                 self.store.sessions.insert(session, curation_status="pending")
         return [SessionRecord(session=session, curation_status="pending") for session in sessions]
 
+    @_audited
     def add_messages(self, namespace: str, messages: Sequence[Message], session_id: str | None = None) -> SessionRecord:
         """Chat messages (``{role, content}``) stored as a session dated now, ``pending`` like
         ``enqueue`` (``Session.from_messages``: the speaker is the role; a session id is made up
@@ -243,11 +319,13 @@ class HybridMemory:
         [record] = self.enqueue([Session.from_messages(namespace, messages, session_id)])
         return record
 
+    @_audited
     def remember(self, namespace: str, text: str) -> SessionRecord:
         """Plain text (a note, something the user said) stored as a one-message session from the
         user, dated now, for curation (``add_messages``)."""
         return self.add_messages(namespace, [Message.from_user(text)])
 
+    @_audited
     def get_session(self, namespace: str, session_id: str) -> SessionRecord:
         """A stored session with its turns and curation status (``pending``, ``curated``, ``curation_failed``)."""
         check_namespace(namespace)
@@ -272,6 +350,7 @@ class HybridMemory:
         report.consolidation_runs = self._scheduled_consolidation({s.namespace for s in new})
         return stored
 
+    @_audited
     def curate_pending(
         self,
         namespace: str | None = None,
@@ -292,6 +371,7 @@ class HybridMemory:
         statuses = ["pending"] + (["curation_failed"] if retry_failed else [])
         return [r.session for r in self.store.sessions.to_curate(statuses, namespace=namespace, limit=limit)]
 
+    @_audited
     def mark_curation_failed(self, sessions: Sequence[Session], error: str) -> int:
         """Mark those of ``sessions`` still pending ``curation_failed`` with ``error`` (their raw
         turns stay, for ``curate_pending(retry_failed=True)``); a session curated meanwhile, or whose
@@ -309,6 +389,7 @@ class HybridMemory:
                 continue
         return marked
 
+    @_audited
     def curate_stored(self, sessions: Sequence[Session], on_progress: ProgressCallback | None = None) -> IngestReport:
         """Curate sessions already stored (pending or failed) in batches, then run the
         consolidation their namespaces are due. A session curated meanwhile by another process
@@ -388,6 +469,7 @@ class HybridMemory:
                 runs.append(report.run_id)
         return runs
 
+    @_audited
     def add_memories(
         self,
         namespace: str,
@@ -477,6 +559,7 @@ class HybridMemory:
                 f"source_turn_ids name turns that namespace {namespace!r} does not have: {sorted(unknown)[:5]}"
             )
 
+    @_audited
     def update(self, memory_id: int, reason: str = "updated by user", **fields: Any) -> Episode | RelationalTuple:
         """Change an active memory's content: the changed record is stored as a new memory that
         supersedes the old one (content is never edited in place, so history and indexes stay
@@ -530,6 +613,7 @@ class HybridMemory:
                 for sources, new in replacements
             ]
 
+    @_audited
     def delete(self, memory_id: int, reason: str = "deleted by user", *, namespace: str | None = None) -> None:
         """Mark a memory deleted (kept in history; ``forget`` removes data physically); with
         ``namespace``, only if it is that namespace's (NotFoundError otherwise)."""
@@ -538,6 +622,7 @@ class HybridMemory:
             return
         self.store.memories.set_status(memory_id, MemoryStatus.deleted, reason=reason)
 
+    @_audited
     def forget(self, namespace: str) -> dict[str, int]:
         """Remove every trace of a namespace: rows, history, vectors, index files, exports and
         LLM cache entries, then scrub the store and the cache file so no file under the store's
@@ -584,6 +669,7 @@ class HybridMemory:
 
     # ------------------------------------------------------------------ consolidation
 
+    @_audited
     def consolidate(
         self,
         namespace: str,
@@ -621,6 +707,7 @@ class HybridMemory:
             return None
         return self.consolidate(namespace, llm=llm, clusterer=clusterer)
 
+    @_audited
     def apply_consolidation(self, report: ConsolidationReport) -> ConsolidationReport:
         """Apply a planned run (``consolidate(dry_run=True)`` or ``plan_consolidation`` made the
         report) in one transaction: a ``consolidation_runs`` row, each merge through ``_supersede``
@@ -675,6 +762,7 @@ class HybridMemory:
         )
         return report
 
+    @_audited
     def undo(self, run_id: int, *, namespace: str | None = None) -> UndoReport:
         """Restore exactly the state before consolidation run ``run_id``, in one transaction.
 
@@ -713,6 +801,7 @@ class HybridMemory:
             run_id=run_id, namespace=plan.namespace, restored=len(plan.restore), removed=len(plan.merged_ids)
         )
 
+    @_audited
     def purge(self, namespace: str, older_than: timedelta) -> PurgeReport:
         """Physically delete non-active memories whose last status change is older than ``older_than``.
 
@@ -764,6 +853,7 @@ class HybridMemory:
 
     # ------------------------------------------------------------------ reads
 
+    @_audited
     def search(
         self,
         query: str,
@@ -796,12 +886,14 @@ class HybridMemory:
             query, namespace, k, self.config.retrieval.tuple_multiplier * k, filters=filters, candidates=candidates
         )
 
+    @_audited
     def answer(
         self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
     ) -> Answer:
         """Retrieve (``answer_search``) and answer with one LLM call, as ``answering`` configures."""
         return self.prepare_answer(question, namespace, question_date, k).run(self.llm)
 
+    @_audited
     def prepare_answer(
         self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
     ) -> PreparedAnswer:
@@ -817,6 +909,7 @@ class HybridMemory:
             options=self.answer_options(),
         )
 
+    @_audited
     def answer_many(
         self,
         questions: Sequence[str],
@@ -841,6 +934,7 @@ class HybridMemory:
             citer=options.citer,
         )
 
+    @_audited
     def answer_search(self, question: str, namespace: str = "default", k: int | None = None) -> SearchResult:
         """The search an answer is written from: ``search``, but every store's candidates when a
         context budget is set (the budget, not k, decides what is shown), with the memories'
@@ -859,6 +953,7 @@ class HybridMemory:
             citer=citer_for(self.config.answering, self.embedder.embed),
         )
 
+    @_audited
     def get(self, memory_id: int, *, namespace: str | None = None) -> Episode | RelationalTuple:
         """The memory with this id; with ``namespace``, only if it is that namespace's. Either way a
         missing one is a NotFoundError, and another namespace's is reported just as missing."""
@@ -872,6 +967,7 @@ class HybridMemory:
             raise NotFoundError(f"no memory with id {memory_id} in namespace {namespace!r}")
         return found
 
+    @_audited
     def list(
         self,
         namespace: str = "default",
@@ -884,11 +980,13 @@ class HybridMemory:
         check_page(limit, offset)
         return self.store.memories.select(namespace, kind, status, limit=limit, offset=offset)
 
+    @_audited
     def history(self, memory_id: int, *, namespace: str | None = None) -> builtins.list[Event]:
         """Every change of a memory, oldest first (``namespace`` as in ``get``)."""
         self.get(memory_id, namespace=namespace)  # a clear NotFoundError for an unknown id
         return self.store.events.history(memory_id)
 
+    @_audited
     def stats(self, namespace: str | None = None) -> Stats:
         """Counts of sessions, turns and memories by status, and the loaded indexes' sizes: of the
         whole store, or of one namespace."""
@@ -901,6 +999,7 @@ class HybridMemory:
 
     # ------------------------------------------------------------------ export / import
 
+    @_audited
     def export(self, namespace: str, path: str | Path) -> int:
         """Write a namespace as JSONL (sessions with turns, then memories with provenance); when
         the store is encrypted, the file is sealed with its key (``files.sessions.export_bytes``)
@@ -915,6 +1014,7 @@ class HybridMemory:
         self.store.namespaces.record_export(namespace, path)
         return len(records)
 
+    @_audited
     def export_records(self, namespace: str) -> builtins.list[str]:
         """The export's JSONL lines, each ending in a newline: sessions, then memories of any status."""
         check_namespace(namespace)
@@ -930,6 +1030,7 @@ class HybridMemory:
         ]
         return sessions + memories
 
+    @_audited
     def import_(self, path: str | Path, namespace: str | None = None) -> dict[str, int]:
         """Load an export (optionally into another namespace) in one transaction; a sealed one
         needs this store's key (a clear error and nothing imported otherwise)."""

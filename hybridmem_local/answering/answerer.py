@@ -81,6 +81,8 @@ class Answer(BaseModel):
     citations: list[str] = Field(default_factory=list)
     #: The memory ids behind the valid citations, in citation order, without repeats.
     cited_memory_ids: list[int] = Field(default_factory=list)
+    #: The memory ids the context showed the model, in context order (what the audit trail records).
+    context_memory_ids: list[int] = Field(default_factory=list)
     #: Cited short ids that named no memory in the context (dropped).
     invalid_citations: list[str] = Field(default_factory=list)
     prompt_tokens: int = 0
@@ -380,6 +382,7 @@ def _answer(
         cited=[memories[i] for i in cited_ids if i in memories],
         citations=citations,
         cited_memory_ids=cited_ids,
+        context_memory_ids=list(dict.fromkeys(context.short_ids.values())),
         invalid_citations=invalid,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,

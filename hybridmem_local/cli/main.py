@@ -588,6 +588,7 @@ def doctor(
 
 
 def _mount_subcommands() -> None:
+    from hybridmem_local.cli.audit import app as audit_app
     from hybridmem_local.cli.encryption import encrypt, master_key_app
     from hybridmem_local.cli.eval import app as eval_app
     from hybridmem_local.cli.models import app as models_app
@@ -598,6 +599,7 @@ def _mount_subcommands() -> None:
     app.add_typer(keys_app, name="keys")
     app.command()(encrypt)
     app.add_typer(master_key_app, name="master-key")
+    app.add_typer(audit_app, name="audit")
     app.add_typer(models_app, name="models", help="Model manifest: list, verify, download, bundle, install-bundle.")
     app.add_typer(eval_app, name="eval", help="Benchmark runs (LoCoMo, LongMemEval) and their reports.")
 

@@ -24,13 +24,21 @@ import anyio
 from fastapi import FastAPI
 
 from hybridmem_local import __version__
-from hybridmem_local.errors import BadRequestError, PayloadTooLargeError, RateLimitedError, UnauthorizedError
+from hybridmem_local.errors import (
+    BadRequestError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    RateLimitedError,
+    UnauthorizedError,
+)
+from hybridmem_local.schema import check_namespace
 from hybridmem_local.service.errors import ERROR_RESPONSES, error_response, install_error_handlers
 from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, Role
 from hybridmem_local.service.limits import RateLimiter, read_body
 from hybridmem_local.service.operations import Operations
 from hybridmem_local.service.routes import ROUTERS
 from hybridmem_local.service.state import ServiceState
+from hybridmem_local.storage import audit
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("hybridmem_local.service.access")
@@ -60,6 +68,7 @@ class Guard:
         self.max_body = service.max_body_bytes
         self.log_content = service.log_content
         self.limiter = RateLimiter(service.rate_limit_per_s, service.rate_limit_burst)
+        self.audit_enabled = state.config.audit.enabled
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -110,6 +119,7 @@ class Guard:
         scope.setdefault("state", {})["api_key"] = key
         wait = self.limiter.take(key.key_id)
         if wait is not None:
+            # Not an audit entry: a key flooding the service must not flood the store too.
             await error_response(
                 RateLimitedError(
                     f"API key {key.key_id} is over its rate limit of {self.limiter.rate:g} requests/s "
@@ -118,6 +128,23 @@ class Guard:
                 )
             )(scope, receive, send)
             return
+        if not self.audit_enabled:
+            await self._read_and_run(scope, receive, send)
+            return
+        # One audit entry per authenticated request, with the key id and the route; the facade
+        # calls the route makes add their ids to it instead of writing entries of their own.
+        entry = audit.AuditScope(actor=key.key_id, action=None)
+        token = audit.SCOPE.set(entry)
+        try:
+            await self._read_and_run(scope, receive, _recording(entry, scope, send, self.state))
+        finally:
+            audit.SCOPE.reset(token)
+            if not entry.recorded:  # no response started (the client went away)
+                with anyio.CancelScope(shield=True):
+                    await _record(entry, scope, self.state, None)
+
+    async def _read_and_run(self, scope: dict, receive: Callable, send: Callable) -> None:
+        """The body read with the size limit and checked to be UTF-8, then the app."""
         try:
             body = await read_body(receive, self.max_body)
         except PayloadTooLargeError as exc:
@@ -145,6 +172,43 @@ class Guard:
         # The key lookup reads SQLite: off the event loop, so a slow disk stalls no other request.
         key = await anyio.to_thread.run_sync(self.state.keys.authenticate, token)
         return key if key is not None else "invalid or revoked API key"
+
+
+def _recording(entry: audit.AuditScope, scope: dict, send: Callable, state: ServiceState) -> Callable:
+    """A ``send`` that queues the request's audit entry as its response starts (the route has
+    run by then, and the status says how it ended)."""
+
+    async def send_recorded(message: dict) -> None:
+        if message["type"] == "http.response.start" and not entry.recorded:
+            await _record(entry, scope, state, message["status"])
+        await send(message)
+
+    return send_recorded
+
+
+async def _record(entry: audit.AuditScope, scope: dict, state: ServiceState, status: int | None) -> None:
+    route = scope.get("route")
+    if entry.action is None:  # the MCP server names the tool it ran
+        entry.action = f"{scope['method']} {getattr(route, 'path', None) or _unrouted(scope['path'])}"
+    named = scope.get("path_params", {}).get("namespace")
+    if not any(ns is not None for ns in entry.refs) and isinstance(named, str) and _valid_namespace(named):
+        entry.note(named)  # refused before the operations resolved it: still the namespace asked for
+    if status is None:
+        entry.fail("no_response")
+    elif status >= 400:
+        entry.fail(f"http_{status}")  # kept only when no error code was noted already
+    entry.recorded = True
+    # Before the response starts, so the entry is stored when the client has its answer; off
+    # the event loop, as it writes SQLite.
+    await anyio.to_thread.run_sync(state.record_audit, entry)
+
+
+def _valid_namespace(name: str) -> bool:
+    try:
+        check_namespace(name)
+    except InvalidInputError:
+        return False
+    return True
 
 
 def _unrouted(path: str) -> str:

@@ -31,6 +31,7 @@ from hybridmem_local.errors import (
 )
 from hybridmem_local.service.limits import retry_after_header
 from hybridmem_local.service.models import describe_validation_errors
+from hybridmem_local.storage import audit
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class ErrorResponse(BaseModel):
 
 def error_response(error: HybridMemError) -> JSONResponse:
     """The answer for one of the library's errors (``internal`` ones should go through :func:`internal_error`)."""
+    audit.note_outcome(error.code)  # the request's audit entry keeps the code, not only the status
     body = ErrorResponse(error=ErrorBody(code=error.code, message=error.message))
     headers: dict[str, str] = {}
     if isinstance(error, RateLimitedError) and error.retry_after is not None:

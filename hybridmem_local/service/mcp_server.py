@@ -83,6 +83,7 @@ from hybridmem_local.service.operations import (
     Writer,
 )
 from hybridmem_local.service.state import ServiceState
+from hybridmem_local.storage import audit
 
 #: Where ``hybridmem serve`` answers MCP.
 MCP_PATH = "/mcp"
@@ -138,6 +139,9 @@ class CodedMCPServer(MCPServer):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context | None = None
     ) -> CallToolResult | InputRequiredResult:
+        entry = audit.SCOPE.get()
+        if entry is not None:  # the request's audit entry (app.Guard) names the tool, not just /mcp
+            entry.action = f"MCP {name}"
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:

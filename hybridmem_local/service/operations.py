@@ -51,6 +51,8 @@ from hybridmem_local.service.models import (
     invalid_input,
 )
 from hybridmem_local.service.state import ServiceState
+from hybridmem_local.storage import audit
+from hybridmem_local.storage.audit import AuditEntry
 from hybridmem_local.storage.events import Event
 
 # --------------------------------------------------------------------------- who may act on which namespace
@@ -148,7 +150,10 @@ class Reader:
 
     def ask(self, question: str, question_date: datetime | None = None, k: int | None = None) -> Answer:
         """One LLM call outside the store's lock; AskTimeoutError past ``service.ask_timeout_s``."""
-        return self.state.answer(question, self.namespace, question_date, k)
+        answer = self.state.answer(question, self.namespace, question_date, k)
+        # The LLM call ran outside the facade: the memories it was shown are noted here.
+        audit.note(self.namespace, context=answer.context_memory_ids, cited=answer.cited_memory_ids)
+        return answer
 
     def list_memories(
         self,
@@ -256,7 +261,9 @@ class KeyAdmin:
         return all(self.admin.covers(ns) for ns in key.namespaces)  # covers("*") only for an all-namespace key
 
     def list(self) -> list[ApiKey]:
-        return [k for k in self.state.keys.list() if self._manages(k)]
+        keys = [k for k in self.state.keys.list() if self._manages(k)]
+        audit.note(None, keys=[k.key_id for k in keys])
+        return keys
 
     def create(self, request: KeyRequest) -> KeyCreated:
         """A new key for namespaces this admin key reaches; its token is in this answer only."""
@@ -279,6 +286,19 @@ class KeyAdmin:
         return self.state.keys.revoke(key_id)
 
 
+class AuditReader:
+    """The audit trail, for an admin key of every namespace (``*``): it names every key and
+    namespace, so a key of some namespaces only may not read it."""
+
+    def __init__(self, state: ServiceState):
+        self.state = state
+
+    def entries(self, actor: str | None, namespace: str | None, since: datetime | None, limit: int) -> list[AuditEntry]:
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidInputError(f"limit must be 1-{MAX_PAGE}, got {limit}")
+        return self.state.audit_entries(actor, namespace, since, limit)
+
+
 # --------------------------------------------------------------------------- the entry point
 
 Handle = TypeVar("Handle", bound=Reader)
@@ -292,7 +312,9 @@ class Operations:
 
     def on(self, handle: type[Handle], scope: Scope, namespace: str | None) -> Handle:
         """``handle``'s operations on the namespace ``scope`` resolves, if its role suffices."""
-        return handle(self.state, scope.namespace(namespace, handle.role))
+        resolved = scope.namespace(namespace, handle.role)
+        audit.note(resolved)  # the request's audit entry names it even when nothing is found there
+        return handle(self.state, resolved)
 
     def reader(self, scope: Scope, namespace: str | None) -> Reader:
         return self.on(Reader, scope, namespace)
@@ -302,6 +324,13 @@ class Operations:
 
     def admin(self, scope: Scope, namespace: str | None) -> Admin:
         return self.on(Admin, scope, namespace)
+
+    def audit(self, key: ApiKey) -> AuditReader:
+        if key.role != Role.admin or key.revoked_at is not None or key.namespaces != [ALL_NAMESPACES]:
+            raise ForbiddenError(
+                f"reading the audit trail needs an admin key of every namespace ('*'); API key {key.key_id} is not one"
+            )
+        return AuditReader(self.state)
 
     def keys(self, key: ApiKey) -> KeyAdmin:
         if key.role != Role.admin or key.revoked_at is not None:

@@ -48,8 +48,18 @@ from hybridmem_local.service.models import (
     SessionIn,
     StatusFilter,
 )
-from hybridmem_local.service.operations import Admin, Handle, KeyAdmin, KeyScope, Operations, Reader, Writer
+from hybridmem_local.service.operations import (
+    Admin,
+    AuditReader,
+    Handle,
+    KeyAdmin,
+    KeyScope,
+    Operations,
+    Reader,
+    Writer,
+)
 from hybridmem_local.service.worker import WorkerStatus
+from hybridmem_local.storage.audit import AuditEntry
 from hybridmem_local.storage.events import Event
 
 # --------------------------------------------------------------------------- request / response models
@@ -349,4 +359,30 @@ def revoke_key(keyring: ManagesKeys, key_id: Annotated[str, Path(pattern=r"^[0-9
     return keyring.revoke(key_id)
 
 
-ROUTERS = [health, sessions, memories, reads, admin, keys]
+# --------------------------------------------------------------------------- audit
+
+
+class AuditQuery(StrictModel):
+    key: str | None = Field(default=None, max_length=64, description="only this actor (an API key id, 'worker')")
+    namespace: str | None = Field(default=None, max_length=64)
+    since: AwareDatetime | None = None
+    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
+
+
+audit = APIRouter(prefix="/v1/audit", tags=["audit"])
+
+
+def _audit(request: Request) -> AuditReader:
+    return _operations(request).audit(_key(request))
+
+
+@audit.get("", response_model=list[AuditEntry])
+def audit_entries(
+    reader: Annotated[AuditReader, Depends(_audit)], query: Annotated[AuditQuery, Query()]
+) -> list[AuditEntry]:
+    """The audit trail, oldest first: who read or changed which ids (never text). Only for an admin
+    key of every namespace ('*'); ``hybridmem audit verify`` checks its hash chain."""
+    return reader.entries(query.key, query.namespace, query.since, query.limit)
+
+
+ROUTERS = [health, sessions, memories, reads, admin, keys, audit]

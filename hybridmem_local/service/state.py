@@ -46,6 +46,7 @@ from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, SessionRecord
 from hybridmem_local.service.keys import KeyRing
 from hybridmem_local.service.worker import CurationWorker
+from hybridmem_local.storage.audit import AuditEntry, AuditLog, AuditScope
 from hybridmem_local.storage.encryption import load_keys
 from hybridmem_local.storage.store import MemoryStore
 
@@ -153,6 +154,7 @@ class ServiceState:
         self._memory_lock = threading.RLock()
         self._keys_store: MemoryStore | None = None
         self._ask_pool: ThreadPoolExecutor | None = None
+        self._audit: AuditLog | None = None
 
     def _build_llm(self) -> StructuredLLM:
         from hybridmem_local.llm import build_llm
@@ -173,6 +175,7 @@ class ServiceState:
         started = time.perf_counter()
         self.embedder = SerializedEmbedder(self._given_embedder or build_embedder(self.config.embedder))
         self._memory = HybridMemory(MemoryStore.open(self.db, self.config.store), self.config, self.embedder, self.llm)
+        self._audit = self._memory.store.audit
         self._keys_store = MemoryStore.open(self.db, self.config.store)
         self.keys = KeyRing(self._keys_store)
         self.worker = CurationWorker(self.db, self.config, self.embedder, self.llm)
@@ -195,7 +198,8 @@ class ServiceState:
         if self._ask_pool is not None:
             self._ask_pool.shutdown(wait=False, cancel_futures=True)
         with self._memory_lock:
-            self._memory.close()
+            self._audit = None
+            self._memory.close()  # stores the audit entries still queued
             self._memory = None
         if self._keys_store is not None:
             self._keys_store.close()
@@ -224,6 +228,32 @@ class ServiceState:
             if self._memory is None:
                 raise NotReadyError("the service state is not open")
             yield self._memory
+
+    def record_audit(self, entry: AuditScope) -> None:
+        """Store a request's audit entry: on the request-side connection when no request holds
+        it (~0.1 ms), else through the store's audit writer thread, so no request waits for
+        another to take its audit row."""
+        audit = self._audit
+        if audit is None:
+            return
+        if self._memory_lock.acquire(blocking=False):
+            try:
+                audit.record(entry)
+            finally:
+                self._memory_lock.release()
+        else:
+            audit.submit(entry.entries())
+
+    def flush_audit(self, timeout_s: float | None = None) -> bool:
+        """Wait until the audit entries queued so far are stored (tests, and ``close``)."""
+        return self._audit.flush(timeout_s) if self._audit is not None else True
+
+    def audit_entries(
+        self, actor: str | None, namespace: str | None, since: datetime | None, limit: int
+    ) -> list[AuditEntry]:
+        """The store's audit entries, oldest first (``GET /v1/audit`` for an all-namespace admin key)."""
+        with self.memory() as memory:
+            return memory.store.audit.entries(actor=actor, namespace=namespace, since=since, limit=limit)
 
     def enqueue(self, sessions: Sequence[Session]) -> list[SessionRecord]:
         """Store sessions raw as ``pending`` in one transaction (all or none) and wake the worker

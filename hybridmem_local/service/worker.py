@@ -31,6 +31,7 @@ from hybridmem_local.errors import WorkerStopped
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, utcnow
+from hybridmem_local.storage.audit import acting_as
 from hybridmem_local.storage.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,10 @@ class CurationWorker:
     # ------------------------------------------------------------------ work
 
     def _run(self) -> None:
+        with acting_as("worker"):  # the audit trail names the worker as who curated
+            self._loop()
+
+    def _loop(self) -> None:
         poll_s = self.config.service.worker_poll_s
         while not self._stop.is_set():
             try:

@@ -33,6 +33,7 @@ class Database:
         #: The master key's derived keys when the store is encrypted, else None; index files
         #: and exports next to the store are sealed with ``keys.files``.
         self.keys = keys
+        self.busy_timeout_ms = busy_timeout_ms
         self.path = Path(path) if str(path) != ":memory:" else None
         if self.path is not None:
             if not self.path.parent.exists():

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.schema import utcnow
+from hybridmem_local.storage import audit
 from hybridmem_local.storage.connection import Database, chunks
 
 
@@ -43,7 +44,8 @@ class EventLog:
         after: dict | None,
         reason: str | None,
     ) -> None:
-        """Append one event (inside the caller's transaction: the change and its event go together)."""
+        """Append one event (inside the caller's transaction: the change and its event go together),
+        and name what it changed to the audit trail's operation in progress (ids only)."""
         self.db.conn.execute(
             "INSERT INTO events (namespace, at, action, memory_id, run_id, before, after, reason) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -57,6 +59,14 @@ class EventLog:
                 json.dumps(after) if after is not None else None,
                 reason,
             ),
+        )
+        after = after or {}
+        changed = [memory_id] if memory_id is not None else after.get("memory_ids", [])  # a purge lists them
+        audit.note(
+            namespace,
+            changed=changed,
+            sessions=[after["session_id"]] if "session_id" in after else [],
+            keys=[after["key_id"]] if "key_id" in after else [],
         )
 
     def history(self, memory_id: int) -> list[Event]:

@@ -6,7 +6,9 @@ version or older (migrating them in place, each step in one transaction) and ref
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+import sqlite3
+
+SCHEMA_VERSION = 4
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -117,8 +119,52 @@ MIGRATIONS: dict[int, str] = {
     UPDATE memories SET provenance = 'cited' WHERE source_turn_ids != '[]';
     CREATE INDEX memories_timestamp ON memories(namespace, kind, timestamp);
     """,
+    # The audit trail (storage/audit.py): a hash chain of who did what, ids only, never text.
+    # Entries are never updated, and deleted only up to the anchor a trim leaves (the hash of
+    # the last entry it removed, where verification starts).
+    4: """
+    CREATE TABLE audit_log (
+        id INTEGER PRIMARY KEY,
+        at TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        namespace TEXT,
+        refs TEXT NOT NULL DEFAULT '{}',
+        outcome TEXT NOT NULL,
+        prev_hash TEXT NOT NULL,
+        hash TEXT NOT NULL
+    );
+    CREATE INDEX audit_log_actor ON audit_log(actor, at);
+    CREATE INDEX audit_log_namespace ON audit_log(namespace, at);
+    CREATE TABLE audit_anchor (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        through_id INTEGER NOT NULL,
+        hash TEXT NOT NULL,
+        at TEXT NOT NULL
+    );
+    CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+    BEGIN
+        SELECT RAISE(ABORT, 'the audit log is append-only');
+    END;
+    CREATE TRIGGER audit_log_trim_only BEFORE DELETE ON audit_log
+    WHEN old.id > coalesce((SELECT through_id FROM audit_anchor WHERE id = 1), 0)
+    BEGIN
+        SELECT RAISE(ABORT, 'audit entries are removed only by a trim (hybridmem audit trim)');
+    END;
+    """,
 }
 
 
 def split_sql(script: str) -> list[str]:
-    return [s.strip() for s in script.split(";") if s.strip()]
+    """The script's statements; a trigger's body (``BEGIN ...; END``) stays in its statement."""
+    statements: list[str] = []
+    current = ""
+    for piece in script.split(";"):
+        current += piece + ";"
+        if sqlite3.complete_statement(current):
+            if current.strip(" \n;"):
+                statements.append(current.strip().removesuffix(";").strip())
+            current = ""
+    if current.strip(" \n;"):
+        statements.append(current.strip().removesuffix(";").strip())
+    return statements

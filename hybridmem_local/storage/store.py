@@ -11,6 +11,7 @@ pragmas, migrations, nested transactions) with one part per table, all over that
     store.api_keys          keys of ``hybridmem serve``     (storage/api_keys.py)
     store.embedding_cache   vectors by text hash            (storage/embedding_cache.py)
     store.namespaces        namespaces and export files     (storage/namespaces.py)
+    store.audit             the audit trail, a hash chain   (storage/audit.py)
 
 A part's write that is called inside ``store.transaction()`` joins it as a savepoint, so a
 session and its memories are written together or not at all. What spans every table (counts,
@@ -26,6 +27,7 @@ from typing import Any
 from hybridmem_local.config import StoreConfig
 from hybridmem_local.schema import check_namespace
 from hybridmem_local.storage.api_keys import ApiKeys
+from hybridmem_local.storage.audit import AuditLog
 from hybridmem_local.storage.connection import Database, chunks
 from hybridmem_local.storage.embedding_cache import EmbeddingCache
 from hybridmem_local.storage.encryption import StoreKeys, load_keys
@@ -48,12 +50,17 @@ class MemoryStore(Database):
         self.runs = ConsolidationRuns(self)
         self.api_keys = ApiKeys(self, self.events)
         self.embedding_cache = EmbeddingCache(self, self.namespaces)
+        self.audit = AuditLog(self)
 
     @classmethod
     def open(cls, path: str | Path, config: StoreConfig) -> MemoryStore:
         """The store at ``path`` as ``config`` says: its busy timeout, and its master key when
         ``store.encryption`` is ``sqlcipher`` (``storage.encryption.load_keys``)."""
         return cls(path, config.busy_timeout_ms, load_keys(config))
+
+    def close(self) -> None:
+        self.audit.close()  # what is queued is stored first
+        super().close()
 
     def fingerprint(self, namespace: str) -> tuple[int, int, int]:
         """(sessions, memories, highest memory id): changes whenever the namespace gains either."""
