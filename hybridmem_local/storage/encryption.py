@@ -212,7 +212,11 @@ def write_key_id(path: Path, keys: StoreKeys) -> None:
 
 
 def file_header(path: Path) -> bytes:
-    """The first 16 bytes of ``path`` (``b""`` for a missing or empty file: a new store)."""
+    """The first 16 bytes of ``path`` (``b""`` for a missing or empty file: a new store).
+
+    Only for a file no connection of this process has open: closing any descriptor of an open
+    SQLite file drops every POSIX lock the process holds on it, and another process may then
+    checkpoint and delete the WAL under it (sqlite.org/howtocorrupt.html, 2.2)."""
     try:
         with open(path, "rb") as handle:
             return handle.read(len(SQLITE_HEADER))
@@ -230,42 +234,49 @@ def connect(path: str | Path, keys: StoreKeys | None, *, timeout: float = 5.0, *
     ``keys.sqlcipher``. The row factory is the connection module's ``Row``.
 
     A plaintext file opened with a key, an encrypted one opened without, and a wrong key are
-    each a clear :class:`~hybridmem_local.errors.EncryptionKeyError`; none of them writes anything."""
+    each a clear :class:`~hybridmem_local.errors.EncryptionKeyError`; none of them writes anything.
+    The file's header is read only once SQLite failed to read it (see :func:`file_header`)."""
     name = str(path)
     file = None if name == ":memory:" else Path(name)
-    header = file_header(file) if file is not None else b""
-    if keys is None:
-        if header and header != SQLITE_HEADER:
-            raise EncryptionKeyError(
-                f"cannot open {name}: it is encrypted (no SQLite header); set store.encryption: sqlcipher "
-                f"and provide its master key (key id {recorded_key_id(file) or 'unknown'})"
-                if file is not None
-                else f"cannot open {name}: it is encrypted"
-            )
-        conn = sqlite3.connect(name, timeout=timeout, **kwargs)
-        conn.row_factory = sqlite3.Row
-        return conn
-    module = _sqlcipher()
-    if header == SQLITE_HEADER:
-        raise EncryptionKeyError(f"cannot open {name}: it is not encrypted; run `hybridmem encrypt --db {name}` first")
+    # os.stat opens no descriptor, so it cannot drop the locks of this process's other connections.
+    new_file = file is None or not file.exists() or file.stat().st_size == 0
+    module = sqlite3 if keys is None else _sqlcipher()
     conn = module.connect(name, timeout=timeout, **kwargs)
     try:
-        # A wrong key makes SQLCipher log HMAC failures to stderr; the error below says it once.
-        conn.execute("PRAGMA cipher_log_level = NONE")
-        # PRAGMAs take no parameters; the key is bytes rendered as hex, nothing to inject.
-        conn.execute(f"PRAGMA key = \"x'{keys.sqlcipher.hex()}'\"")
+        if keys is not None:
+            # A wrong key makes SQLCipher log HMAC failures to stderr; the error below says it once.
+            conn.execute("PRAGMA cipher_log_level = NONE")
+            # PRAGMAs take no parameters; the key is bytes rendered as hex, nothing to inject.
+            conn.execute(f"PRAGMA key = \"x'{keys.sqlcipher.hex()}'\"")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except module.DatabaseError:
+    except module.DatabaseError as exc:
         conn.close()
-        recorded = recorded_key_id(file) if file is not None else None
-        raise EncryptionKeyError(
-            f"cannot open {name}: wrong key or a damaged file (the key from {keys.source or 'the caller'} has id "
-            f"{keys.key_id}; the store was written with key id {recorded or 'unknown'})"
-        ) from None
+        raise _unreadable(name, file, keys, exc) from None
     conn.row_factory = module.Row
-    # Pages are decrypted on every cache miss: a larger page cache keeps reads at plaintext speed
-    # (design note §3a: select x1.36 with the default 2 MB, x1.0 with 64 MB).
-    conn.execute("PRAGMA cache_size = -65536")
-    if file is not None and (not header or recorded_key_id(file) is None):
-        write_key_id(file, keys)
+    if keys is not None:
+        # Pages are decrypted on every cache miss: a larger page cache keeps reads at plaintext
+        # speed (design note §3a: select x1.36 with the default 2 MB, x1.0 with 64 MB).
+        conn.execute("PRAGMA cache_size = -65536")
+        if file is not None and (new_file or recorded_key_id(file) is None):
+            write_key_id(file, keys)
     return conn
+
+
+def _unreadable(name: str, file: Path | None, keys: StoreKeys | None, exc: Exception) -> Exception:
+    """Why SQLite could not read ``file``: encrypted without a key, plaintext with one, a wrong
+    key, or a damaged file."""
+    header = file_header(file) if file is not None else b""
+    recorded = recorded_key_id(file) if file is not None else None
+    if keys is None:
+        if header and header != SQLITE_HEADER:
+            return EncryptionKeyError(
+                f"cannot open {name}: it is encrypted (no SQLite header); set store.encryption: sqlcipher "
+                f"and provide its master key (key id {recorded or 'unknown'})"
+            )
+        return StoreError(f"cannot open store {name}: {exc}")
+    if header == SQLITE_HEADER:
+        return EncryptionKeyError(f"cannot open {name}: it is not encrypted; run `hybridmem encrypt --db {name}` first")
+    return EncryptionKeyError(
+        f"cannot open {name}: wrong key or a damaged file (the key from {keys.source or 'the caller'} has id "
+        f"{keys.key_id}; the store was written with key id {recorded or 'unknown'})"
+    )
