@@ -6,7 +6,7 @@ version or older (migrating them in place, each step in one transaction) and ref
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 5
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -116,6 +116,27 @@ MIGRATIONS: dict[int, str] = {
     ALTER TABLE memories ADD COLUMN provenance TEXT CHECK (provenance IN ('cited', 'aligned'));
     UPDATE memories SET provenance = 'cited' WHERE source_turn_ids != '[]';
     CREATE INDEX memories_timestamp ON memories(namespace, kind, timestamp);
+    """,
+    # PLACEHOLDER for helper "audit"'s migration 4 (the audit log), written in parallel; the merge
+    # replaces this empty step with it. Only here so that this branch migrates 3 -> 5 on its own.
+    4: "",
+    # Forget requests found in conversations (curation/forget.py): one row per redaction. ``request``
+    # and ``summary`` are JSON without the removed text (what was asked, which turns and memories
+    # changed); ``originals`` holds the removed text (the turns' texts before and after) so an admin
+    # can undo, and is set to NULL when the redaction is confirmed (or undone).
+    5: """
+    CREATE TABLE redactions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL REFERENCES namespaces(name) ON DELETE CASCADE,
+        session_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'confirmed', 'undone')),
+        decided_at TEXT,
+        request TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        originals TEXT
+    );
+    CREATE INDEX redactions_ns ON redactions(namespace, status);
     """,
 }
 
