@@ -576,7 +576,9 @@ class HybridMemory:
         ns = redaction.namespace
         current = self.store.redactions.turn_texts(ns, list(originals["redacted"]))
         moved = [t for t, text in originals["redacted"].items() if current.get(t) != text]
-        rows = self.store.memories.status_rows([*redaction.rewritten, *redaction.rewritten.values(), *redaction.deleted])
+        rows = self.store.memories.status_rows(
+            [*redaction.rewritten, *redaction.rewritten.values(), *redaction.deleted]
+        )
 
         def status(memory_id: int) -> tuple[str | None, int | None]:
             row = rows.get(memory_id, {})
@@ -677,7 +679,12 @@ class HybridMemory:
             log.info("session %s: forget request(s) named nothing stored", session_id)
             with self.store.transaction():
                 self.store.events.record(
-                    namespace, "forget_request", None, None, None, {"session_id": session_id, "requests": asked},
+                    namespace,
+                    "forget_request",
+                    None,
+                    None,
+                    None,
+                    {"session_id": session_id, "requests": asked},
                     "nothing stored matched",
                 )
             return None
@@ -731,7 +738,11 @@ class HybridMemory:
                 None,
                 None,
                 None,
-                {"redaction_id": redaction_id, "session_id": session_id, **{k: summary[k] for k in ("turn_ids", "spans")}},
+                {
+                    "redaction_id": redaction_id,
+                    "session_id": session_id,
+                    **{k: summary[k] for k in ("turn_ids", "spans")},
+                },
                 "forget request",
             )
         self._drop_indexes(namespace)

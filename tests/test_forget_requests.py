@@ -164,10 +164,12 @@ def test_a_value_is_found_after_its_name_and_removed_whatever_its_separators():
         TurnText("a:0", "a", "user", f"My social security number is {SSN}, and I live in Leeds."),
         TurnText("b:0", "b", "user", "Please forget my social security number."),
     ]
-    fact = RelationalTuple(id=7, namespace="alice", entity="user", relation="has SSN", object="123 45 6789",
-                           timestamp="2024-03-04")
-    other = RelationalTuple(id=8, namespace="alice", entity="user", relation="lives in", object="Leeds",
-                            timestamp="2024-03-04")
+    fact = RelationalTuple(
+        id=7, namespace="alice", entity="user", relation="has SSN", object="123 45 6789", timestamp="2024-03-04"
+    )
+    other = RelationalTuple(
+        id=8, namespace="alice", entity="user", relation="lives in", object="Leeds", timestamp="2024-03-04"
+    )
     plan = plan_redaction([ForgetRequest(what="my social security number", turn_id="b:0")], turns, [fact, other])
     assert plan.turns == {"a:0": f"My social security number is {REDACTION_MARKER}, and I live in Leeds."}
     assert plan.rewritten == {7: {"entity": "user", "relation": "has SSN", "object": REDACTION_MARKER}}
@@ -192,8 +194,14 @@ def test_a_topic_removes_its_sentences_and_the_memories_about_it():
         TurnText("a:0", "a", "user", "My brother owes the bank money for his debt. The weather was fine."),
         TurnText("b:0", "b", "user", "Forget what I said about my brother's debt."),
     ]
-    about = Episode(id=3, namespace="alice", title="Debt", summary="The user's brother has a debt.",
-                    details="The brother owes the bank.", timestamp="2024-03-04")
+    about = Episode(
+        id=3,
+        namespace="alice",
+        title="Debt",
+        summary="The user's brother has a debt.",
+        details="The brother owes the bank.",
+        timestamp="2024-03-04",
+    )
     plan = plan_redaction([ForgetRequest(what="my brother's debt", turn_id="b:0")], turns, [about])
     assert plan.turns == {"a:0": f"{REDACTION_MARKER} The weather was fine."}
     assert plan.deleted == [3]
@@ -218,7 +226,9 @@ def test_a_request_redacts_turns_memories_and_indexes_and_undo_restores_exactly(
         [redaction] = memory.redactions("alice")
         assert redaction.status == "pending" and redaction.undoable and redaction.turn_ids == ["s1:0", "s1:1"]
         assert redaction.requests[0]["what"] == "my social security number"
-        events = memory.store.conn.execute("SELECT after FROM events WHERE action = 'redact' AND memory_id IS NULL").fetchall()
+        events = memory.store.conn.execute(
+            "SELECT after FROM events WHERE action = 'redact' AND memory_id IS NULL"
+        ).fetchall()
         assert len(events) == 1 and SSN not in events[0][0]
         assert all(SSN not in m.index_text() for m in memory.list("alice"))
 
@@ -277,3 +287,49 @@ def test_a_session_that_only_mentions_forgetting_changes_nothing(tmp_path, hashi
         memory.ingest([chat])
         assert memory.redactions("alice") == []
         assert memory.get_session("alice", "s1").session.turns == chat.turns
+
+
+# --------------------------------------------------------------------------- the surfaces
+
+
+def test_the_client_lists_undoes_and_confirms_redactions_over_http(tmp_path, hashing_embedder):
+    from hybridmem_local.service.client import HybridMemoryClient
+    from tests.service.http_harness import live_service
+
+    db = tmp_path / "memory.db"
+    with open_memory(db, hashing_embedder) as memory:
+        memory.ingest([STATES_SSN, ASKS_TO_FORGET])
+        memory.ingest([session("s3", ("user", "My email is dana@example.org. Please forget that."), day=2)])
+    with (
+        live_service(db, hashing_embedder, EchoLLM(), start_worker=False, require_auth=False) as service,
+        HybridMemoryClient(service.url) as client,
+    ):
+        first, second = client.redactions("alice", status="pending")
+        assert client.undo_redaction(first.id, namespace="alice").status == "undone"
+        assert client.confirm_redaction(second.id, namespace="alice").status == "confirmed"
+        assert [r.status for r in client.redactions("alice")] == ["undone", "confirmed"]
+        with pytest.raises(ConflictError):
+            client.confirm_redaction(first.id, namespace="alice")
+        with pytest.raises(NotFoundError):
+            client.undo_redaction(first.id, namespace="bob")
+        assert SSN in client.search("social security number", namespace="alice", k=20).model_dump_json()
+        assert "dana@example.org" not in client.search("email", namespace="alice", k=20).model_dump_json()
+
+
+def test_the_cli_lists_undoes_and_confirms_redactions(tmp_path, hashing_embedder, hashing_cli):
+    from typer.testing import CliRunner
+
+    from hybridmem_local.cli.main import app
+
+    db = tmp_path / "memory.db"
+    with open_memory(db, hashing_embedder) as memory:
+        memory.ingest([STATES_SSN, ASKS_TO_FORGET])
+    runner = CliRunner()
+    listed = runner.invoke(app, ["redactions", "list", "-n", "alice", "--db", str(db), "--json"])
+    assert listed.exit_code == 0, listed.output
+    [redaction] = json.loads(listed.output)
+    assert redaction["status"] == "pending" and SSN not in listed.output
+    undone = runner.invoke(app, ["redactions", "undo", str(redaction["id"]), "--db", str(db), "--json"])
+    assert undone.exit_code == 0 and json.loads(undone.output)["status"] == "undone", undone.output
+    again = runner.invoke(app, ["redactions", "confirm", str(redaction["id"]), "--db", str(db)])
+    assert again.exit_code != 0 and "undone already" in again.output

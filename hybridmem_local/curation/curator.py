@@ -153,7 +153,6 @@ def reply_schema(max_episodes: int, max_tuples: int) -> type[CurationReply]:
     )
 
 
-
 #: The reply schema's own names, which small models under constrained decoding write as
 #: content (SmolLM2 stored episodes titled, summarised and detailed "EpisodeReply").
 _SCHEMA_NAMES = {model.__name__.lower() for model in (CurationReply, EpisodeReply, TupleReply)}

@@ -271,16 +271,14 @@ def plan_redaction(
                 targets = [(turns[at].turn_id, own[:first_request])]
             else:
                 before = [
-                    t
-                    for t in turns[:at]
-                    if t.session_id == turns[at].session_id and t.speaker == turns[at].speaker
+                    t for t in turns[:at] if t.session_id == turns[at].session_id and t.speaker == turns[at].speaker
                 ]
                 targets = [(before[-1].turn_id, sentences(before[-1].text))] if before else []
-            for turn_id, spans in targets:
-                sentence_spans.setdefault(turn_id, []).extend(spans)
-                removed_context.append(_stems(" ".join(spans)))
+            for turn_id, removed in targets:
+                sentence_spans.setdefault(turn_id, []).extend(removed)
+                removed_context.append(_stems(" ".join(removed)))
                 for _, _, value in rules.kinds:
-                    values += [v for s in spans for v in _values_in(s, value)]
+                    values += [v for s in removed for v in _values_in(s, value)]
             continue
         kind = next(((k, words, value) for k, words, value in rules.kinds if words.search(what)), None)
         found: list[str] = []
@@ -343,9 +341,7 @@ def plan_redaction(
         elif rewritten != fields:
             plan.rewritten[memory.id] = {name: _squeeze(text) for name, text in rewritten.items()}
 
-    plan.requests = [
-        r.model_copy(update={"what": _masked(r.what, patterns)}) for r in requests if r.what.strip()
-    ]
+    plan.requests = [r.model_copy(update={"what": _masked(r.what, patterns)}) for r in requests if r.what.strip()]
     return plan
 
 

@@ -170,9 +170,7 @@ class Redactions:
         for chunk in chunks(list(ids)):
             marks = ",".join("?" * len(chunk))
             self.db.conn.execute(f"UPDATE memories SET superseded_by = NULL WHERE superseded_by IN ({marks})", chunk)
-            counts["events"] += self.db.conn.execute(
-                f"DELETE FROM events WHERE memory_id IN ({marks})", chunk
-            ).rowcount
+            counts["events"] += self.db.conn.execute(f"DELETE FROM events WHERE memory_id IN ({marks})", chunk).rowcount
             counts["memories"] += self.db.conn.execute(
                 f"DELETE FROM memories WHERE namespace = ? AND id IN ({marks})", (namespace, *chunk)
             ).rowcount
