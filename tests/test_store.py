@@ -185,7 +185,7 @@ def test_a_version_2_store_is_migrated_and_its_rows_with_turns_become_cited(tmp_
     conn.close()
 
     migrated = MemoryStore(path)
-    assert migrated.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert migrated.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     with_turns, without = migrated.memories.select("alice")
     assert (with_turns.source_turn_ids, with_turns.provenance) == (["s1:0", "s1:2"], "cited")
     assert (without.source_turn_ids, without.provenance) == ([], None)
