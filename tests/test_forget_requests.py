@@ -268,7 +268,7 @@ def test_redactions_pending_past_the_review_days_are_confirmed_by_the_next_curat
 
 def test_a_request_only_the_llm_marks_counts_with_rules_plus_llm_only(tmp_path, hashing_embedder):
     told = session("s1", ("user", "My email is dana@example.org."), ("assistant", "Noted."))
-    indirect = session("s2", ("user", "I'd rather you didn't hold on to my email."), day=1)
+    indirect = session("s2", ("user", "My email is private, so it should not stay in your notes."), day=1)
     marks = {"s2:0": "my email"}
     with open_memory(tmp_path / "a.db", hashing_embedder, EchoLLM(marks)) as memory:
         memory.ingest([told, indirect])

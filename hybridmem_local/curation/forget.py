@@ -81,6 +81,7 @@ class ForgetRules(BaseModel):
     version: str
     requests: list[str]
     dismissals: list[str]
+    splits: str
     lead_words: str
     tail_words: str
     anaphora: str
@@ -90,6 +91,7 @@ class ForgetRules(BaseModel):
         try:
             return _Compiled(
                 requests=[re.compile(p.strip(), re.IGNORECASE) for p in self.requests],
+                splits=re.compile(self.splits.strip(), re.IGNORECASE),
                 lead=re.compile(self.lead_words.strip(), re.IGNORECASE),
                 tail=re.compile(self.tail_words.strip(), re.IGNORECASE),
                 anaphora=re.compile(self.anaphora.strip(), re.IGNORECASE),
@@ -105,6 +107,7 @@ class ForgetRules(BaseModel):
 @dataclass(frozen=True)
 class _Compiled:
     requests: list[re.Pattern[str]]
+    splits: re.Pattern[str]
     lead: re.Pattern[str]
     tail: re.Pattern[str]
     anaphora: re.Pattern[str]
@@ -151,10 +154,12 @@ def detect_in_text(text: str) -> list[str]:
                 match = pattern.search(clause)
                 if match is None:
                     continue
-                what = clean_what(re.split(r"[,;:]\s", match.group("what"))[0])
-                if not what or what.lower() in dismissals:
-                    continue
-                found.append(what)
+                named = re.split(r"[,;:]\s", match.group("what"))[0]
+                found += [
+                    what
+                    for part in rules.splits.split(named)
+                    if (what := clean_what(part)) and what.lower() not in dismissals
+                ]
                 break
     return list(dict.fromkeys(found))
 
@@ -322,6 +327,7 @@ def plan_redaction(
             plan.spans[turn.turn_id] = spans
 
     changed = set(plan.turns)
+    asking = {r.turn_id for r in requests}
     for memory in memories:
         assert memory.id is not None  # stored memories have ids
         fields = {name: getattr(memory, name) for name in _MEMORY_FIELDS if getattr(memory, name, None)}
@@ -329,7 +335,9 @@ def plan_redaction(
         for pattern in patterns:
             rewritten = {name: pattern.sub(REDACTION_MARKER, text) for name, text in rewritten.items()}
         memory_stems = _stems(" ".join(fields.values()))
-        about_removed = any(_about(memory_stems, topic) for topic in topics) or (
+        # A memory of the request alone ("the user asked to forget their diagnosis") names the topic, not its content.
+        restates_request = bool(memory.source_turn_ids) and set(memory.source_turn_ids) <= asking
+        about_removed = (not restates_request and any(_about(memory_stems, topic) for topic in topics)) or (
             bool(changed & set(memory.source_turn_ids))
             and any(len(memory_stems & context) >= 2 for context in removed_context)
         )
