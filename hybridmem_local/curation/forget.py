@@ -263,6 +263,8 @@ def plan_redaction(
     sentence_spans: dict[str, list[str]] = {}
     topics: list[set[str]] = []
     removed_context: list[set[str]] = []  # stems of sentences removed by anaphora
+    every_sentence: list[tuple[str, str]] | None = None
+    sentence_stems: list[set[str]] = []
 
     for request in requests:
         what = clean_what(request.what)
@@ -302,12 +304,14 @@ def plan_redaction(
         if not topic:
             continue
         topics.append(topic)
-        for turn in turns:
-            for sentence in sentences(turn.text):
-                if turn.turn_id == request.turn_id and _is_request(sentence, what):
-                    continue
-                if _about(_stems(sentence), topic):
-                    sentence_spans.setdefault(turn.turn_id, []).append(sentence)
+        if every_sentence is None:  # stemmed once, in one batch, for all topic requests
+            every_sentence = [(turn.turn_id, sentence) for turn in turns for sentence in sentences(turn.text)]
+            sentence_stems = [set(stems) for stems in tokenize([sentence for _, sentence in every_sentence])]
+        for (turn_id, sentence), stems in zip(every_sentence, sentence_stems, strict=True):
+            if turn_id == request.turn_id and _is_request(sentence, what):
+                continue
+            if _about(stems, topic):
+                sentence_spans.setdefault(turn_id, []).append(sentence)
 
     plan.values = list(dict.fromkeys(v for v in values if v and v != REDACTION_MARKER))
     patterns = [value_pattern(v) for v in plan.values]
@@ -328,13 +332,22 @@ def plan_redaction(
 
     changed = set(plan.turns)
     asking = {r.turn_id for r in requests}
-    for memory in memories:
+    fields_of = {
+        memory.id: {name: getattr(memory, name) for name in _MEMORY_FIELDS if getattr(memory, name, None)}
+        for memory in memories
+    }
+    # Stems only matter when a topic or a removed sentence can make a memory go (one batch).
+    stemmed = (
+        [set(stems) for stems in tokenize([" ".join(f.values()) for f in fields_of.values()])]
+        if (topics or removed_context) and memories
+        else [set() for _ in memories]
+    )
+    for memory, memory_stems in zip(memories, stemmed, strict=True):
         assert memory.id is not None  # stored memories have ids
-        fields = {name: getattr(memory, name) for name in _MEMORY_FIELDS if getattr(memory, name, None)}
+        fields = fields_of[memory.id]
         rewritten = dict(fields)
         for pattern in patterns:
             rewritten = {name: pattern.sub(REDACTION_MARKER, text) for name, text in rewritten.items()}
-        memory_stems = _stems(" ".join(fields.values()))
         # A memory of the request alone ("the user asked to forget their diagnosis") names the topic, not its content.
         restates_request = bool(memory.source_turn_ids) and set(memory.source_turn_ids) <= asking
         about_removed = (not restates_request and any(_about(memory_stems, topic) for topic in topics)) or (
