@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python scripts/measure_forget_requests.py                  # rules only
     PYTHONPATH=$PWD python scripts/measure_forget_requests.py --llm --set llm.n_threads=1
+    PYTHONPATH=$PWD python scripts/measure_forget_requests.py --scan ../shared/data/locomo/locomo_dev8.json
 
 Each scenario of tests/fixtures/forget_requests.jsonl (explicit and indirect requests, requests
 naming what an earlier session said, sessions that only mention forgetting) is ingested into a
@@ -14,6 +15,9 @@ Without ``--llm`` curation is a stand-in whose memories repeat each turn (so the
 asked to be forgotten) and which marks no request: the rules alone (``curation.forget_requests:
 rules``). With ``--llm`` the configured LLM curates (the default: Qwen2.5-Coder-1.5B on llama.cpp)
 and marks requests too (``rules+llm``).
+
+``--scan FILE`` runs only the rules over every turn of a sessions file (LoCoMo JSON, session
+JSONL): a corpus without forget requests, where each request found is a false one.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from hybridmem_local.config import load_config
+from hybridmem_local.curation.forget import detect_requests
+from hybridmem_local.files.sessions import read_sessions_file
 from hybridmem_local.llm.base import LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.memory import HybridMemory
@@ -134,6 +140,18 @@ def measure(memory: HybridMemory, scenario: dict) -> dict:
     }
 
 
+def scan(path: Path) -> int:
+    """The rules over every turn of ``path``: each request found in a corpus without any is a false one."""
+    sessions = read_sessions_file(path, None)
+    found = [(s, r) for s in sessions for r in detect_requests(s)]
+    turns = sum(len(s.turns) for s in sessions)
+    print(f"# {path.name}: {len(sessions)} sessions, {turns} turns, {len(found)} forget requests found by the rules")
+    for session, request in found:
+        text = next(t.text for t in session.turns if t.turn_id == request.turn_id)
+        print(f"  {session.namespace} {request.turn_id} {request.what!r}: {text}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llm", action="store_true", help="curate with the configured LLM (rules+llm)")
@@ -141,7 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--fixture", type=Path, default=FIXTURE)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    parser.add_argument("--scan", type=Path, default=None, help="only count the rules' requests in this sessions file")
     args = parser.parse_args(argv)
+    if args.scan is not None:
+        return scan(args.scan)
 
     overrides = dict(item.split("=", 1) for item in args.set)
     overrides.setdefault("consolidation.every_n_sessions", "0")

@@ -136,6 +136,9 @@ def store_files(db: Path) -> bytes:
         ("Remove my email from your memory please", "my email"),
         ("please don't keep my phone number", "my phone number"),
         ("Could you erase everything I told you about the surgery?", "the surgery"),
+        ("My PIN is 4321, forget that.", "that"),
+        ("I'd rather you didn't hold on to my home address.", "my home address"),
+        ("Keep my passport number out of your notes, it's private.", "my passport number"),
     ],
 )
 def test_the_rules_find_requests_and_what_they_name(text, what):
@@ -153,10 +156,18 @@ def test_the_rules_find_requests_and_what_they_name(text, what):
         "I need to delete my old photos to free space.",
         "We should remove the old carpet.",
         "Remember to erase the whiteboard before you leave.",
+        # LoCoMo dev turns the first rules took for requests
+        "Thanks, Maria. Got it. It's easy to get lost and forget that.",
+        "I can relax, forget my troubles, and get lost in another world.",
     ],
 )
 def test_the_rules_ignore_mere_mentions_of_forgetting(text):
     assert detect_in_text(text) == []
+
+
+def test_one_request_naming_two_things_is_two_requests():
+    text = "Please forget my credit card number 4111 1111 1111 1111 and my email jo@example.com."
+    assert detect_in_text(text) == ["my credit card number 4111 1111 1111 1111", "my email jo@example.com"]
 
 
 def test_a_value_is_found_after_its_name_and_removed_whatever_its_separators():

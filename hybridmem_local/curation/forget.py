@@ -149,7 +149,7 @@ def detect_in_text(text: str) -> list[str]:
     rules, found = _rules(), []
     dismissals = {d.lower() for d in load_rules().dismissals}
     for sentence in sentences(text):
-        for clause in re.split(r"(?<=[,;:])\s+|\s+-+\s+", sentence):
+        for clause in re.split(r"(?<=[;:])\s+|\s+-+\s+", sentence):
             for pattern in rules.requests:
                 match = pattern.search(clause)
                 if match is None:
