@@ -159,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--fixture", type=Path, default=FIXTURE)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME", help="only these scenarios")
     parser.add_argument("--scan", type=Path, default=None, help="only count the rules' requests in this sessions file")
     args = parser.parse_args(argv)
     if args.scan is not None:
@@ -169,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides["curation.forget_requests"] = "rules+llm" if args.llm else "rules"
     config = load_config(args.config, overrides)
     scenarios = [json.loads(line) for line in args.fixture.read_text(encoding="utf-8").splitlines() if line.strip()]
+    scenarios = [s for s in scenarios if not args.only or s["name"] in args.only]
     sessions = [s for scenario in scenarios for s in scenario_sessions(scenario)]
     # Sessions in their order within a scenario: a later session's request finds the earlier one stored.
     started = time.perf_counter()

@@ -213,9 +213,28 @@ def test_a_topic_removes_its_sentences_and_the_memories_about_it():
         details="The brother owes the bank.",
         timestamp="2024-03-04",
     )
-    plan = plan_redaction([ForgetRequest(what="my brother's debt", turn_id="b:0")], turns, [about])
+    # Found on the default LLM's memories: a paraphrase without the topic's words, citing the turn.
+    paraphrase = RelationalTuple(
+        id=4,
+        namespace="alice",
+        entity="Tom",
+        relation="owes",
+        object="the bank money",
+        timestamp="2024-03-04",
+        source_turn_ids=["a:0"],
+    )
+    weather = RelationalTuple(
+        id=5,
+        namespace="alice",
+        entity="weather",
+        relation="was",
+        object="fine",
+        timestamp="2024-03-04",
+        source_turn_ids=["a:0"],
+    )
+    plan = plan_redaction([ForgetRequest(what="my brother's debt", turn_id="b:0")], turns, [about, paraphrase, weather])
     assert plan.turns == {"a:0": f"{REDACTION_MARKER} The weather was fine."}
-    assert plan.deleted == [3]
+    assert plan.deleted == [3, 4]
 
 
 # --------------------------------------------------------------------------- in the store

@@ -262,7 +262,6 @@ def plan_redaction(
     #: turn id → sentences to remove whole (anaphora, topics).
     sentence_spans: dict[str, list[str]] = {}
     topics: list[set[str]] = []
-    removed_context: list[set[str]] = []  # stems of sentences removed by anaphora
     every_sentence: list[tuple[str, str]] | None = None
     sentence_stems: list[set[str]] = []
 
@@ -283,7 +282,6 @@ def plan_redaction(
                 targets = [(before[-1].turn_id, sentences(before[-1].text))] if before else []
             for turn_id, removed in targets:
                 sentence_spans.setdefault(turn_id, []).extend(removed)
-                removed_context.append(_stems(" ".join(removed)))
                 for _, _, value in rules.kinds:
                     values += [v for s in removed for v in _values_in(s, value)]
             continue
@@ -316,6 +314,9 @@ def plan_redaction(
     plan.values = list(dict.fromkeys(v for v in values if v and v != REDACTION_MARKER))
     patterns = [value_pattern(v) for v in plan.values]
 
+    #: turn id → stems of the sentences removed from it whole (a memory citing the turn and
+    #: restating them goes too: "Tom has a gambling debt" from "my brother Tom ... gambling debt").
+    removed_stems: dict[str, set[str]] = {}
     for turn in turns:
         text = turn.text
         spans: list[str] = []
@@ -323,6 +324,7 @@ def plan_redaction(
             if sentence in text:
                 spans.append(sentence)
                 text = text.replace(sentence, REDACTION_MARKER)
+                removed_stems.setdefault(turn.turn_id, set()).update(_stems(sentence))
         for pattern in patterns:
             spans += [m.group(0) for m in pattern.finditer(text)]
             text = pattern.sub(REDACTION_MARKER, text)
@@ -330,7 +332,6 @@ def plan_redaction(
             plan.turns[turn.turn_id] = _squeeze(text)
             plan.spans[turn.turn_id] = spans
 
-    changed = set(plan.turns)
     asking = {r.turn_id for r in requests}
     fields_of = {
         memory.id: {name: getattr(memory, name) for name in _MEMORY_FIELDS if getattr(memory, name, None)}
@@ -339,7 +340,7 @@ def plan_redaction(
     # Stems only matter when a topic or a removed sentence can make a memory go (one batch).
     stemmed = (
         [set(stems) for stems in tokenize([" ".join(f.values()) for f in fields_of.values()])]
-        if (topics or removed_context) and memories
+        if (topics or removed_stems) and memories
         else [set() for _ in memories]
     )
     for memory, memory_stems in zip(memories, stemmed, strict=True):
@@ -350,9 +351,8 @@ def plan_redaction(
             rewritten = {name: pattern.sub(REDACTION_MARKER, text) for name, text in rewritten.items()}
         # A memory of the request alone ("the user asked to forget their diagnosis") names the topic, not its content.
         restates_request = bool(memory.source_turn_ids) and set(memory.source_turn_ids) <= asking
-        about_removed = (not restates_request and any(_about(memory_stems, topic) for topic in topics)) or (
-            bool(changed & set(memory.source_turn_ids))
-            and any(len(memory_stems & context) >= 2 for context in removed_context)
+        about_removed = (not restates_request and any(_about(memory_stems, topic) for topic in topics)) or any(
+            len(memory_stems & removed_stems[t]) >= 2 for t in memory.source_turn_ids if t in removed_stems
         )
         if memory.status != "active":
             if rewritten != fields or about_removed:
