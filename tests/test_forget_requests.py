@@ -22,6 +22,7 @@ from hybridmem_local.curation.forget import (
     ForgetRequest,
     TurnText,
     detect_in_text,
+    merge_requests,
     plan_redaction,
 )
 from hybridmem_local.errors import ConflictError, NotFoundError
@@ -363,3 +364,15 @@ def test_the_cli_lists_undoes_and_confirms_redactions(tmp_path, hashing_embedder
     assert undone.exit_code == 0 and json.loads(undone.output)["status"] == "undone", undone.output
     again = runner.invoke(app, ["redactions", "confirm", str(redaction["id"]), "--db", str(db)])
     assert again.exit_code != 0 and "undone already" in again.output
+
+
+def test_the_llms_marks_add_requests_on_other_turns_and_confirm_the_rules_on_the_same():
+    rules = [ForgetRequest(what="my email", turn_id="s1:0")]
+    llm = [
+        ForgetRequest(what="email", turn_id="s1:0", detected_by="llm"),
+        ForgetRequest(what="my address", turn_id="s1:3", detected_by="llm"),
+    ]
+    assert [(r.what, r.turn_id, r.detected_by) for r in merge_requests(rules, llm)] == [
+        ("my email", "s1:0", "both"),
+        ("my address", "s1:3", "llm"),
+    ]

@@ -62,7 +62,8 @@ class ForgetRequest(BaseModel):
 
     what: str = Field(min_length=1)
     turn_id: str
-    detected_by: Literal["rules", "llm"] = "rules"
+    #: "both": the rules found it and the LLM marked the same turn.
+    detected_by: Literal["rules", "llm", "both"] = "rules"
 
 
 class DataKind(BaseModel):
@@ -174,9 +175,12 @@ def detect_requests(session: Session) -> list[ForgetRequest]:
 
 
 def merge_requests(rules: Sequence[ForgetRequest], llm: Sequence[ForgetRequest]) -> list[ForgetRequest]:
-    """The rules' requests, and the LLM's for turns the rules found nothing in."""
+    """The rules' requests (``both`` where the LLM marked their turn too), and the LLM's for
+    turns the rules found nothing in."""
+    marked = {r.turn_id for r in llm}
     seen = {r.turn_id for r in rules}
-    return [*rules, *(r for r in llm if r.turn_id not in seen)]
+    both = [r.model_copy(update={"detected_by": "both"}) if r.turn_id in marked else r for r in rules]
+    return [*both, *(r for r in llm if r.turn_id not in seen)]
 
 
 # --------------------------------------------------------------------------- what a request names
