@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from hybridmem_local.memory import Stats
     from hybridmem_local.schema import SessionRecord
     from hybridmem_local.storage.events import Event
+    from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 
 
 class MemoryAPI(Protocol):
@@ -83,6 +84,18 @@ class MemoryAPI(Protocol):
 
     def undo(self, run_id: int, *, namespace: str | None = None) -> UndoReport:
         """Restore exactly the state before a consolidation run."""
+        ...
+
+    def redactions(self, namespace: str, status: RedactionStatus | None = None) -> list[Redaction]:
+        """Content removed because a user asked in a conversation, oldest first (admin)."""
+        ...
+
+    def undo_redaction(self, redaction_id: int, *, namespace: str | None = None) -> Redaction:
+        """Put back exactly what a pending redaction removed (admin)."""
+        ...
+
+    def confirm_redaction(self, redaction_id: int, *, namespace: str | None = None) -> Redaction:
+        """Delete a pending redaction's originals for good; no undo after (admin)."""
         ...
 
     # ------------------------------------------------------------------ reads

@@ -212,6 +212,13 @@ class CurationConfig(_Section):
     #: SmolLM2 writes) and a third of facts cut before their last clause are caught; rewordings by
     #: another writer mostly are not (2% of LoCoMo's event summaries): consolidation merges those.
     duplicate_cosine: float = Field(default=0.95, ge=0.0, le=1.0)
+    #: Forget requests in a session ("please forget my SSN"; curation/forget.py): found by the
+    #: rules (forget_rules.yaml) and, with rules+llm, also where curation's LLM marks one; what
+    #: they name is redacted from the namespace's turns and memories, undoable until confirmed.
+    forget_requests: Literal["off", "rules", "rules+llm"] = "rules+llm"
+    #: Days a redaction stays undoable; then the next curation confirms it (the removed text is
+    #: deleted for good). null: only an admin confirms.
+    redaction_review_days: float | None = Field(default=7.0, ge=0.0)
 
 
 class AnsweringConfig(_Section):

@@ -32,6 +32,7 @@ from hybridmem_local.curation.dedup import fold_repeats, plan_duplicates
 from hybridmem_local.embedding import Embedder, build_embedder
 from hybridmem_local.errors import (
     AlreadyCuratedError,
+    ConflictError,
     DuplicateSessionError,
     InvalidInputError,
     NotFoundError,
@@ -61,6 +62,7 @@ from hybridmem_local.schema import (
 from hybridmem_local.storage import audit
 from hybridmem_local.storage.embedding_cache import text_hash
 from hybridmem_local.storage.events import Event
+from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 from hybridmem_local.storage.rekey import llm_cache_path
 from hybridmem_local.storage.store import MemoryStore
 from hybridmem_local.usage import LLMUsage
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from hybridmem_local.consolidation.clustering import Clusterer
     from hybridmem_local.consolidation.planner import ConsolidationReport, PurgeReport, UndoReport
     from hybridmem_local.curation.curator import CurationOutcome
+    from hybridmem_local.curation.forget import ForgetRequest
 
 log = logging.getLogger(__name__)
 
@@ -423,8 +426,11 @@ class HybridMemory:
                     )
                 except DuplicateSessionError:  # another process stored it meanwhile
                     report.skipped += 1
+                    continue
+                self._act_on_forget_requests(session, outcome)
             if on_progress is not None:
                 on_progress(min(start + batch, len(sessions)), len(sessions))
+        self._confirm_expired_redactions()
         return stored
 
     def _store_outcome(
@@ -666,6 +672,203 @@ class HybridMemory:
         if self.store.path is not None:
             pending += int(retry_pending_scrub(self._llm_cache_path(), self.store.keys) is False)
         return pending
+
+    # ------------------------------------------------------------------ forget requests
+
+    def redactions(self, namespace: str, status: RedactionStatus | None = None) -> builtins.list[Redaction]:
+        """The namespace's redactions (content removed because a user asked in a conversation),
+        oldest first; ``status`` keeps one of pending / confirmed / undone."""
+        check_namespace(namespace)
+        return self.store.redactions.select(namespace, status)
+
+    def undo_redaction(self, redaction_id: int, *, namespace: str | None = None) -> Redaction:
+        """Put back exactly what a pending redaction removed: the turns' texts, the rewritten
+        memories (their redacted copies are marked deleted) and the removed ones, in one
+        transaction. Refused (ConflictError, nothing changed) once it is confirmed or undone, or
+        when a turn or memory it changed was changed since (a later redaction: undo that first)."""
+        redaction = self._redaction_of(redaction_id, namespace)
+        originals = self._pending_originals(redaction)
+        ns = redaction.namespace
+        current = self.store.redactions.turn_texts(ns, list(originals["redacted"]))
+        moved = [t for t, text in originals["redacted"].items() if current.get(t) != text]
+        rows = self.store.memories.status_rows(
+            [*redaction.rewritten, *redaction.rewritten.values(), *redaction.deleted]
+        )
+
+        def status(memory_id: int) -> tuple[str | None, int | None]:
+            row = rows.get(memory_id, {})
+            return row.get("status"), row.get("superseded_by")
+
+        moved += [f"memory {old}" for old, new in redaction.rewritten.items() if status(old) != ("superseded", new)]
+        moved += [f"memory {new}" for new in redaction.rewritten.values() if status(new)[0] != "active"]
+        moved += [f"memory {m}" for m in redaction.deleted if status(m)[0] != "deleted"]
+        if moved:
+            raise ConflictError(f"redaction {redaction.id}: changed since: {moved[:5]}; undo the later change first")
+        reason = f"undo of redaction {redaction.id}"
+        with self.store.transaction():
+            self.store.redactions.rewrite_turns(ns, originals["turns"])
+            for old, new in redaction.rewritten.items():
+                self.store.memories.set_status(new, MemoryStatus.deleted, reason=reason, action="undo_redaction")
+                self.store.memories.set_status(old, MemoryStatus.active, reason=None, action="undo_redaction")
+            for memory_id in redaction.deleted:
+                self.store.memories.set_status(memory_id, MemoryStatus.active, reason=None, action="undo_redaction")
+            self.store.redactions.decide(redaction.id, "undone")
+            self.store.events.record(ns, "undo_redaction", None, None, None, {"redaction_id": redaction.id}, None)
+        self._drop_indexes(ns)
+        return self.store.redactions.get(redaction.id)
+
+    def confirm_redaction(self, redaction_id: int, *, namespace: str | None = None) -> Redaction:
+        """Make a pending redaction final: the removed text kept for undo, the memories it
+        retired (with their history and cached vectors) and the namespace's LLM call cache are
+        deleted, and the store is scrubbed (``MemoryStore.scrub``); it cannot be undone after."""
+        redaction = self._redaction_of(redaction_id, namespace)
+        self._pending_originals(redaction)
+        ns = redaction.namespace
+        summary = self.store.redactions.summary(redaction.id)
+        candidates = sorted({*redaction.rewritten, *redaction.deleted, *redaction.retired})
+        # A memory made active again since (by hand) is the admin's: it stays.
+        rows = self.store.memories.status_rows(candidates)
+        doomed = [m for m in candidates if m in rows and rows[m]["status"] != MemoryStatus.active.value]
+        with self.store.transaction():
+            counts = self.store.redactions.delete_memories(ns, doomed, summary.get("embedding_hashes", []))
+            self.store.redactions.decide(redaction.id, "confirmed")
+            self.store.events.record(
+                ns, "confirm_redaction", None, None, None, {"redaction_id": redaction.id, **counts}, None
+            )
+        if self.store.path is not None:
+            from hybridmem_local.llm.cache import forget_tag
+
+            # The cached curation prompts hold the turns as they were.
+            forget_tag(self._llm_cache_path(), ns, self.store.keys)
+        # Freed pages and the WAL would otherwise still hold the removed text; a scrub a reader
+        # holds up stays pending and is finished by the worker or the next open (storage/scrub.py).
+        self.store.scrub()
+        self._drop_indexes(ns)
+        return self.store.redactions.get(redaction.id)
+
+    def _redaction_of(self, redaction_id: int, namespace: str | None) -> Redaction:
+        try:
+            redaction = self.store.redactions.get(redaction_id)
+        except NotFoundError:
+            redaction = None
+        if redaction is None or (namespace is not None and redaction.namespace != namespace):
+            where = "" if namespace is None else f" in namespace {namespace!r}"
+            raise NotFoundError(f"no redaction {redaction_id}{where}")
+        return redaction
+
+    def _pending_originals(self, redaction: Redaction) -> dict[str, Any]:
+        if redaction.status != "pending":
+            raise ConflictError(f"redaction {redaction.id} is {redaction.status} already")
+        return self.store.redactions.originals(redaction.id)
+
+    def _confirm_expired_redactions(self) -> None:
+        """Confirm redactions pending longer than ``curation.redaction_review_days``."""
+        days = self.config.curation.redaction_review_days
+        if days is None:
+            return
+        for redaction_id in self.store.redactions.pending_before(utcnow() - timedelta(days=days)):
+            self.confirm_redaction(redaction_id)
+
+    def _act_on_forget_requests(self, session: Session, outcome: CurationOutcome) -> int | None:
+        """Redact what the session's forget requests name (the rules', and the LLM's with
+        ``curation.forget_requests: rules+llm``); returns the redaction's id, if one was made."""
+        mode = self.config.curation.forget_requests
+        if mode == "off":
+            return None
+        from hybridmem_local.curation.forget import detect_requests, merge_requests
+
+        marked = outcome.forget_requests if mode == "rules+llm" else []
+        requests = merge_requests(detect_requests(session), marked)
+        return self._redact(session.namespace, session.session_id, requests) if requests else None
+
+    def _redact(self, namespace: str, session_id: str, requests: Sequence[ForgetRequest]) -> int | None:
+        """Remove what ``requests`` name from the namespace (curation/forget.py plans it) as one
+        pending redaction, with a ``redact`` event; an empty plan only logs a ``forget_request``
+        event. The removed text stays in the redaction's originals until it is confirmed."""
+        from hybridmem_local.curation.forget import TurnText, plan_redaction
+
+        rows = self.store.sessions.turn_rows(namespace)
+        turns = [TurnText(r["turn_id"], r["session_id"], r["speaker"], r["text"]) for r in rows]
+        plan = plan_redaction(requests, turns, self.store.memories.select(namespace, status=None))
+        asked = [r.model_dump() for r in plan.requests]
+        if plan.empty:
+            log.info("session %s: forget request(s) named nothing stored", session_id)
+            with self.store.transaction():
+                self.store.events.record(
+                    namespace,
+                    "forget_request",
+                    None,
+                    None,
+                    None,
+                    {"session_id": session_id, "requests": asked},
+                    "nothing stored matched",
+                )
+            return None
+        olds = self.store.memories.get_many([*plan.rewritten, *plan.deleted, *plan.retired])
+        copies: dict[int, Episode | RelationalTuple] = {}
+        for old_id, fields in plan.rewritten.items():
+            old = olds[old_id]
+            draft_type = EpisodeDraft if old.kind == "episode" else TupleDraft
+            draft = draft_type.model_validate({**old.model_dump(include=set(draft_type.model_fields)), **fields})
+            copies[old_id] = _as_stored(draft, namespace).model_copy(
+                update={"source_session_id": old.source_session_id}
+            )
+        missing, vectors, _ = self.indexes.for_write(namespace, [c.index_text() for c in copies.values()])
+        changed_turns = set(plan.turns)
+        # Cached vectors of text that is going: removed with the originals on confirm.
+        hashes = {text_hash(m.index_text()) for m in olds.values()} | {
+            text_hash(w.index_text())
+            for w in (self.indexes.all_windows(namespace) if self.store.path is not None else [])
+            if changed_turns & {t.turn_id for t in w.turns}
+        }
+        before = {r["turn_id"]: r["text"] for r in rows if r["turn_id"] in changed_turns}
+        reason_of = "removed at the user's request (redaction {})"
+        with self.store.transaction():
+            redaction_id = self.store.redactions.create(
+                namespace, session_id, asked, {}, {"turns": before, "redacted": plan.turns}
+            )
+            reason = reason_of.format(redaction_id)
+            self.store.redactions.rewrite_turns(namespace, plan.turns)
+            self.store.embedding_cache.put(namespace, self.embedder.model_id, missing, vectors)
+            rewritten: dict[int, int] = {}
+            for old_id, copy in copies.items():
+                (new_id,) = self.store.memories.insert(namespace, [copy], action="redact")
+                self.store.memories.set_status(
+                    old_id, MemoryStatus.superseded, reason=reason, superseded_by=new_id, action="redact"
+                )
+                rewritten[old_id] = new_id
+            for memory_id in plan.deleted:
+                self.store.memories.set_status(memory_id, MemoryStatus.deleted, reason=reason, action="redact")
+            summary = {
+                "turn_ids": sorted(changed_turns),
+                "rewritten": rewritten,
+                "deleted": plan.deleted,
+                "retired": plan.retired,
+                "spans": sum(len(spans) for spans in plan.spans.values()),
+                "embedding_hashes": sorted(hashes),
+            }
+            self.store.redactions.set_summary(redaction_id, summary)
+            self.store.events.record(
+                namespace,
+                "redact",
+                None,
+                None,
+                None,
+                {
+                    "redaction_id": redaction_id,
+                    "session_id": session_id,
+                    **{k: summary[k] for k in ("turn_ids", "spans")},
+                },
+                "forget request",
+            )
+        self._drop_indexes(namespace)
+        log.info("redaction %d in %s: %d turns, %d memories", redaction_id, namespace, len(changed_turns), len(olds))
+        return redaction_id
+
+    def _drop_indexes(self, namespace: str) -> None:
+        """Index files keep vectors and texts of removed entries (hnswlib marks them deleted): rebuild."""
+        if self.store.path is not None:
+            self.indexes.rebuild(namespace)
 
     # ------------------------------------------------------------------ consolidation
 

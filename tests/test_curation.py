@@ -146,7 +146,7 @@ def test_request_shows_session_date_turn_lines_and_annotated_dates():
     assert "[s1:1] Bob: Congrats! See you next week [week of 2023-05-15]." in user
     assert "Part of a longer session" not in user
     assert issubclass(request.output_schema, CurationReply)
-    assert request.prompt_version == load_prompt("curation_small").version == "curation-small/v1"
+    assert request.prompt_version == load_prompt("curation_small").version == "curation-small/v2"
     assert request.tag == "alice"
     assert request.salvage_partial  # a cut-off reply keeps its complete memories
     assert request.messages[0].role == "system" and "source_turn_ids" in request.messages[0].content
@@ -158,7 +158,7 @@ def test_the_paper_prompt_shows_an_id_of_the_window_as_its_example():
     curator = Curator(ScriptedLLM(reply_citing(lambda shown: shown)), LLM_CONFIG, CurationConfig(prompt="curation"))
     [window] = curator.windows(make_session("s7", ["one", "two", "three"]))
     request = curator.request(window)
-    assert request.prompt_version == "curation/v2"
+    assert request.prompt_version == "curation/v3"
     text = "\n".join(m.content for m in request.messages)
     assert '(e.g. "s7:1")' in text and text.count("s7:1") == 2 and "D1:3" not in text  # the example and its turn line
 
@@ -531,7 +531,7 @@ def test_a_session_still_failing_after_the_retry_rounds_gets_an_error_and_others
     assert bad.result is None
     assert "turns bad:0..bad:3" in bad.error and "turns bad:4..bad:7" in bad.error
     assert "cut off at max_new_tokens" in bad.error
-    assert bad.usage.requests == 3 and bad.prompt_version == "curation-small/v1"
+    assert bad.usage.requests == 3 and bad.prompt_version == "curation-small/v2"
 
 
 def test_no_retry_round_when_retry_rounds_is_zero():
@@ -703,7 +703,7 @@ def test_smollm2_curates_a_locomo_session_into_memories_citing_its_turns(smollm2
         assert normalise_timestamp(memory.timestamp, locomo_session.started_at.date()) == memory.timestamp
     assert outcome.usage.prompt_tokens > 0 and outcome.usage.completion_tokens > 0 and outcome.usage.llm_s > 0
     assert outcome.usage.requests >= outcome.windows >= 1
-    assert outcome.prompt_version == "curation-small/v1"
+    assert outcome.prompt_version == "curation-small/v2"
 
 
 @pytest.mark.slow

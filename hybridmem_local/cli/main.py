@@ -568,6 +568,64 @@ def purge(
         print_data(memory.purge(namespace, timedelta(days=older_than_days)), as_json)
 
 
+redactions_app = typer.Typer(
+    help="Content removed because a user asked, in a conversation, to forget it: list, undo, confirm.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+class RedactionStatusChoice(str, Enum):
+    pending = "pending"
+    confirmed = "confirmed"
+    undone = "undone"
+
+
+@redactions_app.command("list")
+def redactions_list(
+    namespace: str = NAMESPACE_OPTION,
+    status: RedactionStatusChoice | None = typer.Option(None, "--status", help="Only redactions with this status."),
+    as_json: bool = JSON_OPTION,
+    db: Path = DB_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
+) -> None:
+    """The namespace's redactions, oldest first: what was asked, which turns and memories changed."""
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        found = memory.redactions(namespace, None if status is None else status.value)
+    columns = ("id", "session_id", "created_at", "status", "requests", "turn_ids", "rewritten", "deleted", "undoable")
+    print_data(found, as_json, columns=columns)
+
+
+@redactions_app.command("undo")
+def redactions_undo(
+    redaction_id: int = typer.Argument(..., help="A pending redaction's id (see `hybridmem redactions list`)."),
+    as_json: bool = JSON_OPTION,
+    db: Path = DB_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
+) -> None:
+    """Put back exactly what a pending redaction removed."""
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        print_data(memory.undo_redaction(redaction_id), as_json)
+
+
+@redactions_app.command("confirm")
+def redactions_confirm(
+    redaction_id: int = typer.Argument(..., help="A pending redaction's id (see `hybridmem redactions list`)."),
+    as_json: bool = JSON_OPTION,
+    db: Path = DB_OPTION,
+    config: Path | None = CONFIG_OPTION,
+    overrides: list[str] | None = SET_OPTION,
+) -> None:
+    """Delete a pending redaction's originals for good (no undo after)."""
+    with reported(*USER_ERRORS), open_memory(db, config, overrides) as memory:
+        print_data(memory.confirm_redaction(redaction_id), as_json)
+
+
+app.add_typer(redactions_app, name="redactions")
+
+
 @app.command()
 def doctor(
     config: Path | None = CONFIG_OPTION,

@@ -53,6 +53,7 @@ from pydantic.config import JsonDict
 
 from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.curation.dates import annotate_relative_dates
+from hybridmem_local.curation.forget import ForgetRequest
 from hybridmem_local.errors import ConfigError, LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import PromptTemplate, load_prompt
@@ -125,11 +126,20 @@ class TupleReply(_Reply):
     source_turn_ids: list[str] = Field(json_schema_extra=_TURN_IDS)
 
 
+class ForgetRequestReply(_Reply):
+    """The user asking to forget something they said (curation/forget.py acts on it)."""
+
+    what: str = _text(80)
+    turn_id: str = Field(json_schema_extra={"maxLength": 40})
+
+
 class CurationReply(_Reply):
     """What the curation LLM writes; checked and turned into a :class:`CurationResult`."""
 
     episodes: list[EpisodeReply]
     tuples: list[TupleReply]
+    #: Optional: most sessions ask nothing, and a small model fills fewer fields better.
+    forget_requests: list[ForgetRequestReply] = Field(default_factory=list, json_schema_extra={"maxItems": 2})
 
 
 @cache
@@ -180,6 +190,8 @@ class CurationOutcome(BaseModel):
     #: Memories left out, with why: no content (only turn ids or schema names, a decoding loop)
     #: or not from the window (:func:`ungrounded`).
     dropped_memories: list[str] = Field(default_factory=list)
+    #: Requests to forget that the LLM marked, each placed on a turn of the session.
+    forget_requests: list[ForgetRequest] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -270,6 +282,7 @@ class _Checked:
     dropped_memories: list[str]
     #: Memories aligned to the window's turns (no valid cited id).
     aligned: int = 0
+    forget_requests: list[ForgetRequest] = field(default_factory=list)
 
 
 def check_curation_reply(
@@ -339,7 +352,17 @@ def check_curation_reply(
         for t in reply.tuples
         if id(t) not in problems
     ]
-    return _Checked(episodes, tuples, dropped, defaulted, list(problems.values()))
+    requests = [r for r in map(lambda r: _placed(r, turn_ids, window_lines), reply.forget_requests) if r]
+    return _Checked(episodes, tuples, dropped, defaulted, list(problems.values()), forget_requests=requests)
+
+
+def _placed(reply: ForgetRequestReply, turn_ids: Sequence[str], lines: Sequence[str]) -> ForgetRequest | None:
+    """The request on the turn it names, or on the first turn whose line holds its ``what``;
+    None when neither is a turn of the window (a request copied from nowhere)."""
+    turn_id = clean_cited_id(reply.turn_id)
+    if turn_id not in turn_ids:
+        turn_id = next((t for t, line in zip(turn_ids, lines, strict=False) if reply.what.lower() in line.lower()), "")
+    return ForgetRequest(what=reply.what, turn_id=turn_id, detected_by="llm") if turn_id else None
 
 
 # --------------------------------------------------------------------------- windows
@@ -607,4 +630,5 @@ class Curator:
             windows_failed_first=tally.failed_first,
             windows_salvaged=tally.salvaged,
             dropped_memories=empty,
+            forget_requests=[r for p in parts for r in p.forget_requests],
         )

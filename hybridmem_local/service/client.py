@@ -59,12 +59,14 @@ from hybridmem_local.schema import (
 )
 from hybridmem_local.service.models import MAX_BATCH, MAX_PAGE, MemoryOut
 from hybridmem_local.storage.events import Event
+from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 
 #: ``list`` without a limit pages through at the server's largest page.
 PAGE_SIZE = MAX_PAGE
 
 _MEMORY = TypeAdapter(MemoryOut)
 _EVENTS = TypeAdapter(list[Event])
+_REDACTIONS = TypeAdapter(list[Redaction])
 
 
 class _ErrorBody(BaseModel):
@@ -226,6 +228,22 @@ class HybridMemoryClient:
     def undo(self, run_id: int, *, namespace: str | None = None) -> UndoReport:
         path = f"{self._ns(namespace, 'consolidation runs')}/consolidation-runs/{int(run_id)}/undo"
         return UndoReport.model_validate(self._request("POST", path).json())
+
+    # ------------------------------------------------------------------ redactions (admin key)
+
+    def redactions(self, namespace: str, status: RedactionStatus | None = None) -> list[Redaction]:
+        params = {"status": status} if status is not None else None
+        return _REDACTIONS.validate_python(
+            self._request("GET", f"{self._ns(namespace)}/redactions", params=params).json()
+        )
+
+    def undo_redaction(self, redaction_id: int, *, namespace: str | None = None) -> Redaction:
+        path = f"{self._ns(namespace, 'redactions')}/redactions/{int(redaction_id)}/undo"
+        return Redaction.model_validate(self._request("POST", path).json())
+
+    def confirm_redaction(self, redaction_id: int, *, namespace: str | None = None) -> Redaction:
+        path = f"{self._ns(namespace, 'redactions')}/redactions/{int(redaction_id)}/confirm"
+        return Redaction.model_validate(self._request("POST", path).json())
 
     # ------------------------------------------------------------------ reads
 

@@ -4,7 +4,8 @@
   ``add_session`` (turns with ids), ``add_memory`` (memories written by the agent),
   ``delete_memory``; ``session_status`` says when handed-over text is curated;
 * reads: ``search``, ``ask``, ``list_memories``;
-* admin: ``reset_namespace`` (everything of the namespace, for an admin key).
+* admin: ``reset_namespace`` (everything of the namespace, for an admin key); ``list_redactions``,
+  ``undo_redaction``, ``confirm_redaction`` (what forget requests in conversations removed).
 
 Two ways in, one set of tools (the official ``mcp`` SDK's ``MCPServer``):
 
@@ -84,6 +85,7 @@ from hybridmem_local.service.operations import (
 )
 from hybridmem_local.service.state import ServiceState
 from hybridmem_local.storage import audit
+from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 
 #: Where ``hybridmem serve`` answers MCP.
 MCP_PATH = "/mcp"
@@ -122,6 +124,11 @@ class SessionQueued(StrictModel):
 class DeletedMemory(StrictModel):
     #: The memory as it is now (status ``deleted``).
     memory: MemoryOut
+
+
+class RedactionList(StrictModel):
+    namespace: str
+    redactions: list[Redaction]
 
 
 # --------------------------------------------------------------------------- errors by code
@@ -386,6 +393,40 @@ def reset_namespace(ctx: Context, namespace: NamespaceArg = None) -> ForgetRepor
     return _on(ctx, Admin, namespace).forget()
 
 
+RedactionIdArg = Annotated[int, Field(ge=1, description="The redaction's id, from list_redactions.")]
+
+
+def list_redactions(
+    ctx: Context,
+    status: Annotated[
+        RedactionStatus | None, Field(description="'pending', 'confirmed' or 'undone'; all when left out.")
+    ] = None,
+    namespace: NamespaceArg = None,
+) -> RedactionList:
+    """List what was removed because the user asked, in a conversation, to forget something.
+
+    Call it to review these redactions (which turns and memories changed; never the removed text)
+    before undoing or confirming one. A pending one can still be undone. Needs an admin key."""
+    handle = _on(ctx, Admin, namespace)
+    return RedactionList(namespace=handle.namespace, redactions=handle.redactions(status))
+
+
+def undo_redaction(redaction_id: RedactionIdArg, ctx: Context, namespace: NamespaceArg = None) -> Redaction:
+    """Put back exactly what a pending redaction removed (the turns' text and the memories).
+
+    Call it only when a forget request was misread and the user wants the content kept. Needs an
+    admin key for the namespace."""
+    return _on(ctx, Admin, namespace).undo_redaction(redaction_id)
+
+
+def confirm_redaction(redaction_id: RedactionIdArg, ctx: Context, namespace: NamespaceArg = None) -> Redaction:
+    """Make a pending redaction final: the removed text kept for undo is deleted for good.
+
+    Call it when the user confirms the content must be gone now (otherwise it is confirmed after
+    the review period). It cannot be undone. Needs an admin key for the namespace."""
+    return _on(ctx, Admin, namespace).confirm_redaction(redaction_id)
+
+
 def _queued(namespace: str, record: SessionRecord) -> SessionQueued:
     return SessionQueued(
         namespace=namespace, session_id=record.session.session_id, curation_status=record.curation_status
@@ -404,6 +445,9 @@ TOOLS: list[tuple[Callable[..., Any], ToolAnnotations]] = [
     (list_memories, READS),
     (delete_memory, DELETES),
     (reset_namespace, DELETES),
+    (list_redactions, READS),
+    (undo_redaction, WRITES),
+    (confirm_redaction, DELETES),
 ]
 
 

@@ -54,6 +54,7 @@ from hybridmem_local.service.state import ServiceState
 from hybridmem_local.storage import audit
 from hybridmem_local.storage.audit import AuditEntry
 from hybridmem_local.storage.events import Event
+from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 
 # --------------------------------------------------------------------------- who may act on which namespace
 
@@ -248,6 +249,19 @@ class Admin(Writer):
     def undo(self, run_id: int) -> UndoReport:
         with self.state.memory() as memory:
             return memory.undo(run_id, namespace=self.namespace)
+
+    def redactions(self, status: RedactionStatus | None = None) -> list[Redaction]:
+        """What forget requests in this namespace's conversations removed (without the removed text)."""
+        with self.state.memory() as memory:
+            return memory.redactions(self.namespace, status)
+
+    def undo_redaction(self, redaction_id: int) -> Redaction:
+        with self.state.memory() as memory:
+            return memory.undo_redaction(redaction_id, namespace=self.namespace)
+
+    def confirm_redaction(self, redaction_id: int) -> Redaction:
+        with self.state.memory() as memory:
+            return memory.confirm_redaction(redaction_id, namespace=self.namespace)
 
 
 class KeyAdmin:

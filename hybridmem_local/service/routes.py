@@ -61,6 +61,7 @@ from hybridmem_local.service.operations import (
 from hybridmem_local.service.worker import WorkerStatus
 from hybridmem_local.storage.audit import AuditEntry
 from hybridmem_local.storage.events import Event
+from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 
 # --------------------------------------------------------------------------- request / response models
 
@@ -334,6 +335,24 @@ def consolidate(ops: Administers, body: ConsolidateIn) -> ConsolidationReport:
 def undo(ops: Administers, run_id: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> UndoReport:
     """Restore exactly the state before a consolidation run of this namespace."""
     return ops.undo(run_id)
+
+
+@admin.get(NAMESPACE + "/redactions", response_model=list[Redaction])
+def list_redactions(ops: Administers, status: RedactionStatus | None = None) -> list[Redaction]:
+    """What forget requests in the namespace's conversations removed, oldest first (no removed text)."""
+    return ops.redactions(status)
+
+
+@admin.post(NAMESPACE + "/redactions/{redaction_id}/undo", response_model=Redaction)
+def undo_redaction(ops: Administers, redaction_id: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> Redaction:
+    """Put back exactly what a pending redaction removed."""
+    return ops.undo_redaction(redaction_id)
+
+
+@admin.post(NAMESPACE + "/redactions/{redaction_id}/confirm", response_model=Redaction)
+def confirm_redaction(ops: Administers, redaction_id: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> Redaction:
+    """Delete a pending redaction's originals for good (no undo after)."""
+    return ops.confirm_redaction(redaction_id)
 
 
 # --------------------------------------------------------------------------- keys

@@ -12,6 +12,7 @@ pragmas, migrations, nested transactions) with one part per table, all over that
     store.embedding_cache   vectors by text hash            (storage/embedding_cache.py)
     store.namespaces        namespaces and export files     (storage/namespaces.py)
     store.audit             the audit trail, a hash chain   (storage/audit.py)
+    store.redactions        content removed on request      (storage/redactions.py)
 
 A part's write that is called inside ``store.transaction()`` joins it as a savepoint, so a
 session and its memories are written together or not at all. What spans every table (counts,
@@ -34,6 +35,7 @@ from hybridmem_local.storage.encryption import StoreKeys, load_keys
 from hybridmem_local.storage.events import EventLog
 from hybridmem_local.storage.memories import Memories
 from hybridmem_local.storage.namespaces import Namespaces
+from hybridmem_local.storage.redactions import Redactions
 from hybridmem_local.storage.runs import ConsolidationRuns
 from hybridmem_local.storage.sessions import Sessions
 
@@ -51,6 +53,7 @@ class MemoryStore(Database):
         self.api_keys = ApiKeys(self, self.events)
         self.embedding_cache = EmbeddingCache(self, self.namespaces)
         self.audit = AuditLog(self)
+        self.redactions = Redactions(self)
 
     @classmethod
     def open(cls, path: str | Path, config: StoreConfig) -> MemoryStore:

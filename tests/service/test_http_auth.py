@@ -60,6 +60,9 @@ ROUTES = [
         allowed=frozenset({409}),
     ),
     Route(Role.admin, "POST", "/v1/namespaces/{ns}/consolidation-runs/999999/undo", allowed=frozenset({404})),
+    Route(Role.admin, "GET", "/v1/namespaces/{ns}/redactions"),
+    Route(Role.admin, "POST", "/v1/namespaces/{ns}/redactions/999999/undo", allowed=frozenset({404})),
+    Route(Role.admin, "POST", "/v1/namespaces/{ns}/redactions/999999/confirm", allowed=frozenset({404})),
     Route(Role.admin, "DELETE", "/v1/keys/ffffffff", allowed=frozenset({404})),
     Route(Role.admin, "GET", "/v1/keys"),
 ]
@@ -167,6 +170,9 @@ def test_admin_routes_refuse_read_and_write_keys_and_admins_of_other_namespaces(
         ("DELETE", f"/v1/namespaces/{ns}", None),
         ("POST", f"/v1/namespaces/{ns}/consolidate", {"dry_run": True}),
         ("POST", f"/v1/namespaces/{ns}/consolidation-runs/1/undo", None),
+        ("GET", f"/v1/namespaces/{ns}/redactions", None),
+        ("POST", f"/v1/namespaces/{ns}/redactions/1/undo", None),
+        ("POST", f"/v1/namespaces/{ns}/redactions/1/confirm", None),
     ]
     key_routes = [
         ("GET", "/v1/keys", None),

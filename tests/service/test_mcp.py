@@ -46,6 +46,9 @@ TOOLS = {
     "list_memories",
     "delete_memory",
     "reset_namespace",
+    "list_redactions",
+    "undo_redaction",
+    "confirm_redaction",
 }
 NOTE = "My sister Ana lives in Lyon."
 CHAT = [

@@ -1,0 +1,378 @@
+"""Forget requests in conversations (issue #25 item 3): the rules that find them, the plan of
+what they name, and the redaction in a real store: search no longer returns the content, the
+turns carry the marker, an admin can undo it exactly or confirm it (then the bytes are gone).
+
+``EchoLLM`` stands in for the curation model: its memories repeat each turn's text (so they hold
+what the user later asks to forget), and it marks the forget requests it is told to.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from hybridmem_local.config import load_config
+from hybridmem_local.curation.forget import (
+    REDACTION_MARKER,
+    ForgetRequest,
+    TurnText,
+    detect_in_text,
+    merge_requests,
+    plan_redaction,
+)
+from hybridmem_local.errors import ConflictError, NotFoundError
+from hybridmem_local.llm.base import LLMRequest, LLMResult
+from hybridmem_local.llm.replies import check_reply
+from hybridmem_local.memory import HybridMemory
+from hybridmem_local.schema import Episode, RelationalTuple, Session, Turn
+
+START = datetime(2024, 3, 4, 9, 0, tzinfo=timezone.utc)
+SSN = "123-45-6789"
+_LINE = re.compile(r"^\[([^\]]+)\] ([^:]+): (.*)$", re.MULTILINE)
+
+
+class EchoLLM:
+    """A StructuredLLM whose memories repeat the turns: an episode of the window, a tuple per
+    turn; ``marks`` (turn id → what) are written as forget requests."""
+
+    model_id = "echo:test"
+
+    def __init__(self, marks: dict[str, str] | None = None):
+        self.marks = marks or {}
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        results = []
+        for request in requests:
+            lines = _LINE.findall(request.messages[-1].content)
+            reply = {
+                "episodes": [
+                    {
+                        "title": "Conversation",
+                        "summary": lines[0][2][:190],
+                        "details": " ".join(text for _, _, text in lines)[:590],
+                        "timestamp": "2024-03-04",
+                        "source_turn_ids": [turn_id for turn_id, _, _ in lines][:6],
+                    }
+                ],
+                "tuples": [
+                    {
+                        "entity": speaker,
+                        "relation": "said",
+                        "object": text[:110],
+                        "timestamp": "2024-03-04",
+                        "context": "",
+                        "source_turn_ids": [turn_id],
+                    }
+                    for turn_id, speaker, text in lines
+                ],
+                "forget_requests": [
+                    {"what": what, "turn_id": turn_id}
+                    for turn_id, what in self.marks.items()
+                    if turn_id in {t for t, _, _ in lines}
+                ],
+            }
+            text = json.dumps(reply)
+            parsed, problem = check_reply(text, request.output_schema)
+            results.append(LLMResult(text=text, parsed=parsed, error=problem))
+        return results
+
+    def close(self) -> None:
+        pass
+
+
+def session(session_id: str, *turns: tuple[str, str], day: int = 0) -> Session:
+    return Session(
+        session_id=session_id,
+        namespace="alice",
+        started_at=START + timedelta(days=day),
+        turns=[Turn(turn_id=f"{session_id}:{i}", speaker=s, text=t) for i, (s, t) in enumerate(turns)],
+    )
+
+
+STATES_SSN = session(
+    "s1",
+    ("user", f"For the tax form: my social security number is {SSN}."),
+    ("assistant", f"Got it, I noted {SSN} for the form."),
+    ("user", "Also, my dog Biscuit turns five next week."),
+)
+ASKS_TO_FORGET = session("s2", ("user", "Please forget my social security number."), ("assistant", "Sure."), day=1)
+
+
+def open_memory(path: Path, embedder, llm: EchoLLM | None = None, **overrides) -> HybridMemory:
+    config = load_config(None, {"consolidation.every_n_sessions": 0, **overrides})
+    return HybridMemory.open(path, config, embedder=embedder, llm=llm or EchoLLM())
+
+
+def everything_found(memory: HybridMemory, query: str) -> str:
+    """Every text a search returns (windows, episodes, tuples) and every active memory."""
+    result = memory.search(query, namespace="alice", k=50)
+    texts = [hit.window.index_text() for hit in result.windows] + [m.index_text() for m in result.memories()]
+    texts += [m.index_text() for m in memory.list("alice")]
+    return "\n".join(texts)
+
+
+def store_files(db: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in db.parent.rglob("*") if p.is_file())
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ("Please forget my social security number.", "my social security number"),
+        ("Can you delete what I said about my brother's debt from your memory?", "my brother's debt"),
+        ("My PIN is 4321. Actually, forget that.", "that"),
+        ("Don't remember my address, please.", "my address"),
+        ("I shouldn't have told you my salary.", "my salary"),
+        ("Remove my email from your memory please", "my email"),
+        ("please don't keep my phone number", "my phone number"),
+        ("Could you erase everything I told you about the surgery?", "the surgery"),
+        ("My PIN is 4321, forget that.", "that"),
+        ("I'd rather you didn't hold on to my home address.", "my home address"),
+        ("Keep my passport number out of your notes, it's private.", "my passport number"),
+    ],
+)
+def test_the_rules_find_requests_and_what_they_name(text, what):
+    assert detect_in_text(text) == [what]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I forgot my keys at work.",
+        "Don't forget the milk!",
+        "She forgets names all the time.",
+        "Oh forget it, let's talk about the game.",
+        "I forget my password all the time.",
+        "I need to delete my old photos to free space.",
+        "We should remove the old carpet.",
+        "Remember to erase the whiteboard before you leave.",
+        # LoCoMo dev turns the first rules took for requests
+        "Thanks, Maria. Got it. It's easy to get lost and forget that.",
+        "I can relax, forget my troubles, and get lost in another world.",
+    ],
+)
+def test_the_rules_ignore_mere_mentions_of_forgetting(text):
+    assert detect_in_text(text) == []
+
+
+def test_one_request_naming_two_things_is_two_requests():
+    text = "Please forget my credit card number 4111 1111 1111 1111 and my email jo@example.com."
+    assert detect_in_text(text) == ["my credit card number 4111 1111 1111 1111", "my email jo@example.com"]
+
+
+def test_a_value_is_found_after_its_name_and_removed_whatever_its_separators():
+    turns = [
+        TurnText("a:0", "a", "user", f"My social security number is {SSN}, and I live in Leeds."),
+        TurnText("b:0", "b", "user", "Please forget my social security number."),
+    ]
+    fact = RelationalTuple(
+        id=7, namespace="alice", entity="user", relation="has SSN", object="123 45 6789", timestamp="2024-03-04"
+    )
+    other = RelationalTuple(
+        id=8, namespace="alice", entity="user", relation="lives in", object="Leeds", timestamp="2024-03-04"
+    )
+    plan = plan_redaction([ForgetRequest(what="my social security number", turn_id="b:0")], turns, [fact, other])
+    assert plan.turns == {"a:0": f"My social security number is {REDACTION_MARKER}, and I live in Leeds."}
+    assert plan.rewritten == {7: {"entity": "user", "relation": "has SSN", "object": REDACTION_MARKER}}
+    assert plan.deleted == [] and plan.values == [SSN]
+
+
+def test_that_removes_the_sentences_before_the_request_or_the_previous_turn():
+    turns = [
+        TurnText("a:0", "a", "user", "My PIN is 4321. Actually, forget that."),
+        TurnText("a:1", "a", "user", "I have three sisters."),
+        TurnText("a:2", "a", "assistant", "Nice."),
+        TurnText("a:3", "a", "user", "I shouldn't have told you that."),
+    ]
+    first = plan_redaction([ForgetRequest(what="that", turn_id="a:0")], turns, [])
+    assert first.turns == {"a:0": f"{REDACTION_MARKER} Actually, forget that."}
+    second = plan_redaction([ForgetRequest(what="that", turn_id="a:3")], turns, [])
+    assert second.turns == {"a:1": REDACTION_MARKER}
+
+
+def test_a_topic_removes_its_sentences_and_the_memories_about_it():
+    turns = [
+        TurnText("a:0", "a", "user", "My brother owes the bank money for his debt. The weather was fine."),
+        TurnText("b:0", "b", "user", "Forget what I said about my brother's debt."),
+    ]
+    about = Episode(
+        id=3,
+        namespace="alice",
+        title="Debt",
+        summary="The user's brother has a debt.",
+        details="The brother owes the bank.",
+        timestamp="2024-03-04",
+    )
+    # Found on the default LLM's memories: a paraphrase without the topic's words, citing the turn.
+    paraphrase = RelationalTuple(
+        id=4,
+        namespace="alice",
+        entity="Tom",
+        relation="owes",
+        object="the bank money",
+        timestamp="2024-03-04",
+        source_turn_ids=["a:0"],
+    )
+    weather = RelationalTuple(
+        id=5,
+        namespace="alice",
+        entity="weather",
+        relation="was",
+        object="fine",
+        timestamp="2024-03-04",
+        source_turn_ids=["a:0"],
+    )
+    plan = plan_redaction([ForgetRequest(what="my brother's debt", turn_id="b:0")], turns, [about, paraphrase, weather])
+    assert plan.turns == {"a:0": f"{REDACTION_MARKER} The weather was fine."}
+    assert plan.deleted == [3, 4]
+
+
+# --------------------------------------------------------------------------- in the store
+
+
+def test_a_request_redacts_turns_memories_and_indexes_and_undo_restores_exactly(tmp_path, hashing_embedder):
+    db = tmp_path / "memory.db"
+    with open_memory(db, hashing_embedder) as memory:
+        memory.ingest([STATES_SSN])
+        assert SSN in everything_found(memory, "social security number")
+        memory.ingest([ASKS_TO_FORGET])
+
+        found = everything_found(memory, "social security number tax form")
+        assert "6789" not in found and REDACTION_MARKER in found
+        turns = memory.get_session("alice", "s1").session.turns
+        assert turns[0].text == f"For the tax form: my social security number is {REDACTION_MARKER}."
+        assert turns[1].text == f"Got it, I noted {REDACTION_MARKER} for the form."
+        assert turns[2].text == STATES_SSN.turns[2].text
+        [redaction] = memory.redactions("alice")
+        assert redaction.status == "pending" and redaction.undoable and redaction.turn_ids == ["s1:0", "s1:1"]
+        assert redaction.requests[0]["what"] == "my social security number"
+        events = memory.store.conn.execute(
+            "SELECT after FROM events WHERE action = 'redact' AND memory_id IS NULL"
+        ).fetchall()
+        assert len(events) == 1 and SSN not in events[0][0]
+        assert all(SSN not in m.index_text() for m in memory.list("alice"))
+
+        undone = memory.undo_redaction(redaction.id, namespace="alice")
+        assert undone.status == "undone" and not undone.undoable
+        assert memory.get_session("alice", "s1").session.turns == STATES_SSN.turns
+        assert SSN in everything_found(memory, "social security number tax form")
+        with pytest.raises(ConflictError):
+            memory.undo_redaction(redaction.id)
+        with pytest.raises(ConflictError):
+            memory.confirm_redaction(redaction.id)
+
+
+def test_confirm_leaves_no_byte_of_the_removed_value_in_the_store_folder(tmp_path, hashing_embedder):
+    db = tmp_path / "memory.db"
+    with open_memory(db, hashing_embedder) as memory:
+        memory.ingest([STATES_SSN, ASKS_TO_FORGET])
+        [redaction] = memory.redactions("alice", status="pending")
+        assert SSN.encode() in store_files(db)  # kept for undo until confirmed
+        confirmed = memory.confirm_redaction(redaction.id, namespace="alice")
+        assert confirmed.status == "confirmed" and not confirmed.undoable
+        memory.flush()
+        assert SSN.encode() not in store_files(db)
+        assert b"6789" not in store_files(db)
+        assert "6789" not in everything_found(memory, "social security number")
+        assert "Biscuit" in everything_found(memory, "dog Biscuit")  # the rest stays
+        with pytest.raises(NotFoundError):
+            memory.confirm_redaction(redaction.id, namespace="bob")
+
+
+def test_redactions_pending_past_the_review_days_are_confirmed_by_the_next_curation(tmp_path, hashing_embedder):
+    with open_memory(tmp_path / "memory.db", hashing_embedder, **{"curation.redaction_review_days": 0}) as memory:
+        memory.ingest([STATES_SSN, ASKS_TO_FORGET])
+        [redaction] = memory.redactions("alice")
+        assert redaction.status == "confirmed"
+
+
+def test_a_request_only_the_llm_marks_counts_with_rules_plus_llm_only(tmp_path, hashing_embedder):
+    told = session("s1", ("user", "My email is dana@example.org."), ("assistant", "Noted."))
+    indirect = session("s2", ("user", "My email is private, so it should not stay in your notes."), day=1)
+    marks = {"s2:0": "my email"}
+    with open_memory(tmp_path / "a.db", hashing_embedder, EchoLLM(marks)) as memory:
+        memory.ingest([told, indirect])
+        [redaction] = memory.redactions("alice")
+        assert redaction.requests == [{"what": "my email", "turn_id": "s2:0", "detected_by": "llm"}]
+        assert "dana@example.org" not in everything_found(memory, "email")
+    rules_only = {"curation.forget_requests": "rules"}
+    with open_memory(tmp_path / "b.db", hashing_embedder, EchoLLM(marks), **rules_only) as memory:
+        memory.ingest([told, indirect])
+        assert memory.redactions("alice") == []
+
+
+def test_a_session_that_only_mentions_forgetting_changes_nothing(tmp_path, hashing_embedder):
+    chat = session("s1", ("user", f"My SSN is {SSN}. I forgot my keys again, don't forget the milk."))
+    with open_memory(tmp_path / "memory.db", hashing_embedder) as memory:
+        memory.ingest([chat])
+        assert memory.redactions("alice") == []
+        assert memory.get_session("alice", "s1").session.turns == chat.turns
+
+
+# --------------------------------------------------------------------------- the surfaces
+
+
+def test_the_client_lists_undoes_and_confirms_redactions_over_http(tmp_path, hashing_embedder):
+    from hybridmem_local.service.client import HybridMemoryClient
+    from tests.service.http_harness import live_service
+
+    db = tmp_path / "memory.db"
+    with open_memory(db, hashing_embedder) as memory:
+        memory.ingest([STATES_SSN, ASKS_TO_FORGET])
+        memory.ingest([session("s3", ("user", "My email is dana@example.org. Please forget that."), day=2)])
+    with (
+        live_service(db, hashing_embedder, EchoLLM(), start_worker=False, require_auth=False) as service,
+        HybridMemoryClient(service.url) as client,
+    ):
+        first, second = client.redactions("alice", status="pending")
+        assert client.undo_redaction(first.id, namespace="alice").status == "undone"
+        assert client.confirm_redaction(second.id, namespace="alice").status == "confirmed"
+        assert [r.status for r in client.redactions("alice")] == ["undone", "confirmed"]
+        with pytest.raises(ConflictError):
+            client.confirm_redaction(first.id, namespace="alice")
+        with pytest.raises(NotFoundError):
+            client.undo_redaction(first.id, namespace="bob")
+        assert SSN in client.search("social security number", namespace="alice", k=20).model_dump_json()
+        assert "dana@example.org" not in client.search("email", namespace="alice", k=20).model_dump_json()
+
+
+def test_the_cli_lists_undoes_and_confirms_redactions(tmp_path, hashing_embedder, hashing_cli):
+    from typer.testing import CliRunner
+
+    from hybridmem_local.cli.main import app
+
+    db = tmp_path / "memory.db"
+    with open_memory(db, hashing_embedder) as memory:
+        memory.ingest([STATES_SSN, ASKS_TO_FORGET])
+    runner = CliRunner()
+    listed = runner.invoke(app, ["redactions", "list", "-n", "alice", "--db", str(db), "--json"])
+    assert listed.exit_code == 0, listed.output
+    [redaction] = json.loads(listed.output)
+    assert redaction["status"] == "pending" and SSN not in listed.output
+    undone = runner.invoke(app, ["redactions", "undo", str(redaction["id"]), "--db", str(db), "--json"])
+    assert undone.exit_code == 0 and json.loads(undone.output)["status"] == "undone", undone.output
+    again = runner.invoke(app, ["redactions", "confirm", str(redaction["id"]), "--db", str(db)])
+    assert again.exit_code != 0 and "undone already" in again.output
+
+
+def test_the_llms_marks_add_requests_on_other_turns_and_confirm_the_rules_on_the_same():
+    rules = [ForgetRequest(what="my email", turn_id="s1:0")]
+    llm = [
+        ForgetRequest(what="email", turn_id="s1:0", detected_by="llm"),
+        ForgetRequest(what="my address", turn_id="s1:3", detected_by="llm"),
+    ]
+    assert [(r.what, r.turn_id, r.detected_by) for r in merge_requests(rules, llm)] == [
+        ("my email", "s1:0", "both"),
+        ("my address", "s1:3", "llm"),
+    ]
