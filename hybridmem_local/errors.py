@@ -109,6 +109,11 @@ class EncryptionKeyError(StoreError):
     the message names where it was looked for. Nothing was written."""
 
 
+class SealError(StoreError):
+    """A sealed file (an index file or export of an encrypted store) is not one, is damaged, or
+    belongs to another key or context (``files/sealing.py``)."""
+
+
 class DuplicateSessionError(ConflictError, StoreError):
     """The session id is already stored in that namespace (e.g. by a concurrent ingest)."""
 

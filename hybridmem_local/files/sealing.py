@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import os
 
-from hybridmem_local.errors import StoreError
+from hybridmem_local.errors import SealError
 
 MAGIC = b"HMSEAL1\x00"
 NONCE_BYTES = 12
-
-
-class SealError(StoreError):
-    """A sealed file is not one, is damaged, or belongs to another key or context."""
 
 
 def is_sealed(blob: bytes) -> bool:

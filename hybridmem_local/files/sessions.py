@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from hybridmem_local.errors import EncryptionKeyError, InputFileError, InvalidInputError
+from hybridmem_local.errors import EncryptionKeyError, InputFileError, InvalidInputError, SealError
 from hybridmem_local.files.readers import (
     describe_validation_error,
     is_stdin,
@@ -29,7 +29,7 @@ from hybridmem_local.files.readers import (
     read_json_lines,
     read_json_list,
 )
-from hybridmem_local.files.sealing import SealError, is_sealed, seal, unseal
+from hybridmem_local.files.sealing import is_sealed, seal, unseal
 from hybridmem_local.schema import Episode, RelationalTuple, Session, SessionRecord, Turn, check_namespace
 
 __all__ = [

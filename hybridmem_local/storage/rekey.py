@@ -33,9 +33,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from hybridmem_local.errors import EncryptionKeyError, StoreError
+from hybridmem_local.errors import EncryptionKeyError, SealError, StoreError
 from hybridmem_local.files.paths import create_owner_only
-from hybridmem_local.files.sealing import SealError, is_sealed, seal, unseal
+from hybridmem_local.files.sealing import is_sealed, seal, unseal
 from hybridmem_local.files.sessions import EXPORT_CONTEXT
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.encryption import StoreKeys

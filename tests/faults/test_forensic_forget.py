@@ -469,8 +469,8 @@ def test_a_damaged_sealed_index_is_rebuilt_with_fresh_results(damage, tmp_path, 
 
 
 def test_a_sealed_file_opens_only_as_the_file_it_was_written_as(tmp_path):
+    from hybridmem_local.errors import SealError
     from hybridmem_local.files.paths import GenerationFiles
-    from hybridmem_local.files.sealing import SealError
 
     key = generate_master_key()
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridmem_local.errors import EncryptionKeyError
-from hybridmem_local.files.sealing import SealError, is_sealed, unseal
+from hybridmem_local.errors import EncryptionKeyError, SealError
+from hybridmem_local.files.sealing import is_sealed, unseal
 from hybridmem_local.files.sessions import EXPORT_CONTEXT
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.storage import encryption
