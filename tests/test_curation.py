@@ -709,7 +709,8 @@ def test_smollm2_curates_a_locomo_session_into_memories_citing_its_turns(smollm2
 @pytest.mark.slow
 def test_smollm2_windows_of_a_small_context_partition_the_session_in_one_call(smollm2, locomo_session):
     # Replies are cut off at 256 tokens (and fail): only the split and the batching are checked.
-    small = SMOLLM_CONFIG.model_copy(update={"context_tokens": 1024, "max_new_tokens": 256})
+    # 1,088 tokens leave ~80 for turns after the prompt (748 since curation-small/v2) and the reply.
+    small = SMOLLM_CONFIG.model_copy(update={"context_tokens": 1088, "max_new_tokens": 256})
     llm = CountingLLM(smollm2)
     curator = Curator(llm, small, CurationConfig(retry_rounds=0))
     windows = curator.windows(locomo_session)
