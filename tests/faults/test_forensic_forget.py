@@ -359,15 +359,17 @@ def test_an_encrypted_store_shows_no_marker_before_or_after_forget(tmp_path, has
     idle = MemoryStore.open(db, config.store)
     try:
         for markers in (gone, kept):
-            plant(memory, markers)
+            plant(memory, markers, export_to=folder / f"{markers.namespace}.jsonl")
         memory.flush()
         names = {str(p.relative_to(folder)) for p in files_under(folder)}
-        assert {"memory.db", "memory.db.keyid", "memory.db.llm_cache.sqlite"} <= names
+        assert {"memory.db", "memory.db.keyid", "memory.db.llm_cache.sqlite", f"{GONE}.jsonl", f"{KEPT}.jsonl"} <= names
+        assert (folder / f"{KEPT}.jsonl").read_bytes().startswith(MAGIC)  # exports are sealed too
         index_files = [p for p in files_under(folder / "memory.db.indexes") if not p.name.endswith(".json")]
         assert index_files and all(p.read_bytes().startswith(MAGIC) for p in index_files)
         assert found(folder, {**gone.all(), **{f"kept {k}": v for k, v in kept.all().items()}}) == {}
 
         assert memory.forget(GONE)["scrub_pending"] == 0
+        assert not (folder / f"{GONE}.jsonl").exists()
 
         assert found(folder, {**gone.all(), **{f"kept {k}": v for k, v in kept.all().items()}}) == {}
     finally:
