@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -35,57 +34,15 @@ from pathlib import Path
 from hybridmem_local.config import load_config
 from hybridmem_local.curation.forget import detect_requests
 from hybridmem_local.files.sessions import read_sessions_file
-from hybridmem_local.llm.base import LLMRequest, LLMResult
-from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, Turn
 
-FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "forget_requests.jsonl"
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the curation stand-in the tests use: tests/factories.py
+from tests.factories import EchoLLM  # noqa: E402
+
+FIXTURE = REPO / "tests" / "fixtures" / "forget_requests.jsonl"
 START = datetime(2024, 3, 4, 9, 0, tzinfo=timezone.utc)
-_LINE = re.compile(r"^\[([^\]]+)\] ([^:]+): (.*)$", re.MULTILINE)
-
-
-class EchoLLM:
-    """Curation stand-in: an episode of each window's turns and a tuple per turn, no forget request."""
-
-    model_id = "echo:measure"
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
-        results = []
-        for request in requests:
-            lines = _LINE.findall(request.messages[-1].content)
-            reply = {
-                "episodes": [
-                    {
-                        "title": "Conversation",
-                        "summary": lines[0][2][:190],
-                        "details": " ".join(text for _, _, text in lines)[:590],
-                        "timestamp": "2024-03-04",
-                        "source_turn_ids": [turn_id for turn_id, _, _ in lines][:6],
-                    }
-                ],
-                "tuples": [
-                    {
-                        "entity": speaker,
-                        "relation": "said",
-                        "object": text[:110],
-                        "timestamp": "2024-03-04",
-                        "context": "",
-                        "source_turn_ids": [turn_id],
-                    }
-                    for turn_id, speaker, text in lines
-                ],
-            }
-            text = json.dumps(reply)
-            parsed, problem = check_reply(text, request.output_schema)
-            results.append(LLMResult(text=text, parsed=parsed, error=problem))
-        return results
-
-    def close(self) -> None:
-        pass
 
 
 def scenario_sessions(scenario: dict) -> list[Session]:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 
+from hybridmem_local.llm.base import LLMRequest, LLMResult
+from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
 
 BASE_DATE = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
@@ -41,3 +46,58 @@ def make_episode(title: str, details: str, turn_ids=(), day: int = 1) -> Episode
     return EpisodeDraft(
         title=title, summary=title, details=details, timestamp=f"2023-05-{day:02d}", source_turn_ids=list(turn_ids)
     )
+
+
+_LINE = re.compile(r"^\[([^\]]+)\] ([^:]+): (.*)$", re.MULTILINE)
+
+
+class EchoLLM:
+    """A StructuredLLM whose memories repeat the turns: an episode of the window, a tuple per
+    turn; ``marks`` (turn id → what) are written as forget requests."""
+
+    model_id = "echo:test"
+
+    def __init__(self, marks: dict[str, str] | None = None):
+        self.marks = marks or {}
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        results = []
+        for request in requests:
+            lines = _LINE.findall(request.messages[-1].content)
+            reply = {
+                "episodes": [
+                    {
+                        "title": "Conversation",
+                        "summary": lines[0][2][:190],
+                        "details": " ".join(text for _, _, text in lines)[:590],
+                        "timestamp": "2024-03-04",
+                        "source_turn_ids": [turn_id for turn_id, _, _ in lines][:6],
+                    }
+                ],
+                "tuples": [
+                    {
+                        "entity": speaker,
+                        "relation": "said",
+                        "object": text[:110],
+                        "timestamp": "2024-03-04",
+                        "context": "",
+                        "source_turn_ids": [turn_id],
+                    }
+                    for turn_id, speaker, text in lines
+                ],
+                "forget_requests": [
+                    {"what": what, "turn_id": turn_id}
+                    for turn_id, what in self.marks.items()
+                    if turn_id in {t for t, _, _ in lines}
+                ],
+            }
+            text = json.dumps(reply)
+            parsed, problem = check_reply(text, request.output_schema)
+            results.append(LLMResult(text=text, parsed=parsed, error=problem))
+        return results
+
+    def close(self) -> None:
+        pass

@@ -2,15 +2,13 @@
 what they name, and the redaction in a real store: search no longer returns the content, the
 turns carry the marker, an admin can undo it exactly or confirm it (then the bytes are gone).
 
-``EchoLLM`` stands in for the curation model: its memories repeat each turn's text (so they hold
+``EchoLLM`` (tests/factories.py) stands in for the curation model: its memories repeat each turn's text (so they hold
 what the user later asks to forget), and it marks the forget requests it is told to.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -26,66 +24,12 @@ from hybridmem_local.curation.forget import (
     plan_redaction,
 )
 from hybridmem_local.errors import ConflictError, NotFoundError
-from hybridmem_local.llm.base import LLMRequest, LLMResult
-from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Episode, RelationalTuple, Session, Turn
+from tests.factories import EchoLLM
 
 START = datetime(2024, 3, 4, 9, 0, tzinfo=timezone.utc)
 SSN = "123-45-6789"
-_LINE = re.compile(r"^\[([^\]]+)\] ([^:]+): (.*)$", re.MULTILINE)
-
-
-class EchoLLM:
-    """A StructuredLLM whose memories repeat the turns: an episode of the window, a tuple per
-    turn; ``marks`` (turn id → what) are written as forget requests."""
-
-    model_id = "echo:test"
-
-    def __init__(self, marks: dict[str, str] | None = None):
-        self.marks = marks or {}
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
-        results = []
-        for request in requests:
-            lines = _LINE.findall(request.messages[-1].content)
-            reply = {
-                "episodes": [
-                    {
-                        "title": "Conversation",
-                        "summary": lines[0][2][:190],
-                        "details": " ".join(text for _, _, text in lines)[:590],
-                        "timestamp": "2024-03-04",
-                        "source_turn_ids": [turn_id for turn_id, _, _ in lines][:6],
-                    }
-                ],
-                "tuples": [
-                    {
-                        "entity": speaker,
-                        "relation": "said",
-                        "object": text[:110],
-                        "timestamp": "2024-03-04",
-                        "context": "",
-                        "source_turn_ids": [turn_id],
-                    }
-                    for turn_id, speaker, text in lines
-                ],
-                "forget_requests": [
-                    {"what": what, "turn_id": turn_id}
-                    for turn_id, what in self.marks.items()
-                    if turn_id in {t for t, _, _ in lines}
-                ],
-            }
-            text = json.dumps(reply)
-            parsed, problem = check_reply(text, request.output_schema)
-            results.append(LLMResult(text=text, parsed=parsed, error=problem))
-        return results
-
-    def close(self) -> None:
-        pass
 
 
 def session(session_id: str, *turns: tuple[str, str], day: int = 0) -> Session:
