@@ -673,7 +673,9 @@ def copy_store(memory: HybridMemory, path: Path) -> None:
     earlier copy and its indexes (which rebuild from the copy, vectors from its embedding cache)."""
     import shutil
 
-    for stale in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm"), Path(str(path) + ".llm_cache.sqlite")):
+    from hybridmem_local.storage.rekey import indexes_path, llm_cache_path
+
+    for stale in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm"), llm_cache_path(path)):
         stale.unlink(missing_ok=True)
-    shutil.rmtree(Path(str(path) + ".indexes"), ignore_errors=True)
+    shutil.rmtree(indexes_path(path), ignore_errors=True)
     memory.store.backup_to(path)

@@ -41,6 +41,7 @@ from hybridmem_local.indexes.windows import WINDOW_KIND, WindowSet
 from hybridmem_local.schema import EvidenceWindow, MemoryKind
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.embedding_cache import text_hash
+from hybridmem_local.storage.rekey import indexes_path
 from hybridmem_local.storage.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class StoreIndexes:
     def directory(self, namespace: str) -> Path:
         if self.store.path is None:
             raise StoreError("an in-memory store has no index directory")
-        return Path(str(self.store.path) + ".indexes") / namespace
+        return indexes_path(self.store.path) / namespace
 
     # ------------------------------------------------------------------ embeddings
 

@@ -48,6 +48,7 @@ from hybridmem_local.service.keys import KeyRing
 from hybridmem_local.service.worker import CurationWorker
 from hybridmem_local.storage.audit import AuditEntry, AuditLog, AuditScope
 from hybridmem_local.storage.encryption import load_keys
+from hybridmem_local.storage.rekey import llm_cache_path
 from hybridmem_local.storage.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ class ServiceState:
         # The same call cache beside the store that HybridMemory.llm uses.
         return build_llm(
             self.config.llm,
-            cache_path=Path(str(self.db) + ".llm_cache.sqlite"),
+            cache_path=llm_cache_path(self.db),
             cache_keys=load_keys(self.config.store),
         )
 
