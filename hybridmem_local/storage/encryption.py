@@ -25,6 +25,7 @@ import sqlite3
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,7 @@ IntegrityError: tuple[type[Exception], ...] = (sqlite3.IntegrityError, *_sqlciph
 
 @dataclass(frozen=True)
 class StoreKeys:
-    """The keys of one master key. ``repr`` never shows key bytes."""
+    """The keys of one master key, each derived once. ``repr`` never shows key bytes."""
 
     master: bytes = field(repr=False)
     #: Where the master key was read from (a path or ``$HYBRIDMEM_MASTER_KEY``), for messages.
@@ -86,15 +87,15 @@ class StoreKeys:
         if len(self.master) != KEY_BYTES:
             raise EncryptionKeyError(f"the master key from {self.source or 'the caller'} is not {KEY_BYTES} bytes")
 
-    @property
+    @cached_property
     def key_id(self) -> str:
         return key_id(self.master)
 
-    @property
+    @cached_property
     def sqlcipher(self) -> bytes:
         return derive(self.master, "hybridmem/sqlcipher/v1")
 
-    @property
+    @cached_property
     def files(self) -> bytes:
         return derive(self.master, "hybridmem/files/v1")
 
