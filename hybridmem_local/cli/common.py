@@ -16,14 +16,12 @@ from typing import Any
 import typer
 import yaml
 from pydantic_core import to_jsonable_python
-from rich.console import Console
 from rich.table import Table
 
+from hybridmem_local.cli.console import console
 from hybridmem_local.config import Config, load_config
 from hybridmem_local.errors import HybridMemError
 from hybridmem_local.storage import encryption
-
-console = Console()
 
 #: Errors a user can fix: printed as one clear line, exit code 1, no traceback. The library's
 #: own errors name what is wrong (a bad file, config or argument, a missing model, an unreachable

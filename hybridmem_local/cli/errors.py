@@ -6,9 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
-from rich.console import Console
 
-err = Console(stderr=True)
+from hybridmem_local.cli.console import err
 
 
 def fail(message: object) -> typer.Exit:
