@@ -122,7 +122,19 @@ class LLMConfig(_Section):
     max_new_tokens: int = Field(default=2048, ge=1)
     #: Context window the prompts are sized for (sessions longer than this are split).
     context_tokens: int = Field(default=4096, ge=256)
+    #: llama.cpp threads for decoding (null: every core).
     n_threads: int | None = None
+    #: llama.cpp threads for reading prompts (null: as n_threads). Set both to 1 beside another job.
+    n_threads_batch: int | None = Field(default=None, ge=1)
+    #: llama.cpp: keep each sequence's KV cache between calls and reuse the longest prompt prefix
+    #: held (the fixed instructions are read once, not once per window). Greedy replies are the same.
+    keep_prefix: bool = True
+    #: llama.cpp: feed the tokens the JSON grammar forces (keys, quotes, braces) in one step
+    #: instead of one decode step each.
+    jump_forward: bool = True
+    #: llama.cpp: tokens guessed per step by prompt lookup (copied from where the reply's last
+    #: tokens occurred before) and checked in the same step; 0 = none. Greedy decoding only.
+    draft_tokens: int = Field(default=0, ge=0, le=16)
     # vLLM (in-process or server side)
     tensor_parallel_size: int = Field(default=1, ge=1)
     pipeline_parallel_size: int = Field(default=1, ge=1)
@@ -136,7 +148,8 @@ class LLMConfig(_Section):
     #: vLLM eager mode (no torch.compile / CUDA graphs); null = vLLM's default (off). On the CPU
     #: build, true starts the engine in ~30 s instead of ~90 s.
     enforce_eager: bool | None = None
-    #: Sequences vLLM runs at once; null = vLLM's default.
+    #: Sequences decoded at once: vLLM's max_num_seqs (null: vLLM's default); llama.cpp's
+    #: sequences in one context (null: 4; each holds context_tokens of KV cache).
     max_num_seqs: int | None = Field(default=None, ge=1)
     #: vLLM CPU build only: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE); null = vLLM's default.
     cpu_kvcache_space_gib: float | None = Field(default=None, gt=0)

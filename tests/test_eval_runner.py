@@ -10,6 +10,7 @@ the report; then again from the cache alone; then retrieval only, without any LL
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import sqlite3
 import sys
@@ -310,7 +311,8 @@ E2E_SYSTEMS = "hybrid,hybrid+consolidation,full-context,rag"
 def e2e_config(tmp_path_factory) -> Path:
     """The plumbing model (SmolLM2 via llama.cpp, MiniLM on CPU), as a YAML file: these tests
     check the runner, not answers, so the fastest real model runs them."""
-    pytest.importorskip("llama_cpp", reason="the embedded LLM needs llama-cpp-python (the 'cpu-llm' extra)")
+    if importlib.util.find_spec("llama_cpp") is None:  # not imported: the backend picks the build first
+        pytest.skip("the embedded LLM needs llama-cpp-python (the 'cpu-llm' extra)")
     path = tmp_path_factory.mktemp("config") / "cpu.yaml"
     # Bounded SmolLM2 cost: replies of at most 384 tokens (a curation reply cut off there fails
     # and the run counts it), no re-asking; one llama.cpp thread, which stays fast when other

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hybridmem_local.llm.llamacpp import RepetitionGuard, loop_period
+from hybridmem_local.llm.llama_batch import loop_period
 
 
 def test_a_cycle_repeated_past_the_span_is_a_loop_with_its_period():
@@ -24,19 +24,3 @@ def test_text_that_repeats_a_word_now_and_then_is_no_loop():
     assert loop_period(prose) is None
     # a cycle longer than max_period is not looked for
     assert loop_period(list(range(80)) * 3, max_period=64) is None
-
-
-def test_the_guard_lets_the_reply_run_then_leaves_only_end_of_generation():
-    guard = RepetitionGuard(eos_token=2, min_span=8)
-    prompt = [5, 6, 7, 8]
-    scores = np.zeros(10, dtype=np.float32)
-    ids = list(prompt)
-    guard(np.array(ids), scores.copy())  # llama.cpp's first call: the prompt, before any reply token
-    for token in [3, 4] * 4:  # the generated part: a 2-token cycle, 8 tokens
-        ids.append(token)
-        out = guard(np.array(ids), scores.copy())
-        assert not guard.fired and np.all(out == 0)  # the prompt is never counted
-    ids += [3, 4]
-    out = guard(np.array(ids), scores.copy())
-    assert guard.fired
-    assert out[2] == 0 and np.isneginf(np.delete(out, 2)).all()

@@ -1,6 +1,9 @@
-"""JSON-constrained decoding with Outlines, shared by the in-process backends (llama.cpp, transformers).
+"""JSON-constrained decoding with llguidance, shared by the in-process backends.
 
-Outlines' llguidance backend does the constraining: it walks the schema's grammar lazily, per
+The llama.cpp backend drives llguidance matchers itself (one per sequence of a batch, with
+jump-forward of forced tokens: ``llm/llama_batch.py``); the transformers backend goes through
+Outlines' llguidance logits processors. Both constrain to the same grammar, :func:`json_grammar`.
+llguidance does the constraining: it walks the schema's grammar lazily, per
 token, so a schema costs ~1 ms and a few MB whatever its caps. Outlines' default backend
 (outlines_core) compiles a schema into a token-level automaton up front instead, with a state
 per character of every bounded string and maxItems unrolled: the curation reply's took 4.3 GB
@@ -48,11 +51,16 @@ class OutlinesProcessors:
     def get(self, schema: type[BaseModel]) -> LLGuidanceLogitsProcessor:
         key = json.dumps(schema_json(schema))
         if key not in self._built:
-            # llguidance reads its JSON options from the schema (Outlines' whitespace_pattern
-            # argument is for outlines_core only).
-            grammar = {**_closed(json.loads(key)), "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
-            self._built[key] = self._backend.get_json_schema_logits_processor(json.dumps(grammar))
+            self._built[key] = self._backend.get_json_schema_logits_processor(json_grammar(schema))
         return self._built[key]
+
+
+def json_grammar(schema: type[BaseModel]) -> str:
+    """The JSON schema a reply is constrained to, as llguidance reads it: every object closed to
+    its declared properties, and llguidance's JSON options in the schema (Outlines'
+    whitespace_pattern argument is for outlines_core only)."""
+    closed = _closed(schema_json(schema))
+    return json.dumps({**closed, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}})
 
 
 def _closed(node):
