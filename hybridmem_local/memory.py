@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,7 +42,7 @@ from hybridmem_local.errors import (
 from hybridmem_local.files.paths import owner_only_opener
 from hybridmem_local.indexes.store_indexes import StoreIndexes
 from hybridmem_local.indexes.vectors import SyncReport
-from hybridmem_local.indexes.windows import with_source_turns
+from hybridmem_local.indexes.windows import load_windows, with_source_turns
 from hybridmem_local.llm.base import StructuredLLM
 from hybridmem_local.retrieval.retriever import Retriever, SearchFilters
 from hybridmem_local.schema import (
@@ -64,6 +65,7 @@ from hybridmem_local.storage.embedding_cache import text_hash
 from hybridmem_local.storage.events import Event
 from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 from hybridmem_local.storage.rekey import llm_cache_path
+from hybridmem_local.storage.scrub import is_pending
 from hybridmem_local.storage.store import MemoryStore
 from hybridmem_local.usage import LLMUsage
 
@@ -72,7 +74,7 @@ if TYPE_CHECKING:
     from hybridmem_local.consolidation.clustering import Clusterer
     from hybridmem_local.consolidation.planner import ConsolidationReport, PurgeReport, UndoReport
     from hybridmem_local.curation.curator import CurationOutcome
-    from hybridmem_local.curation.forget import ForgetRequest
+    from hybridmem_local.curation.forget import ForgetRequest, RedactionPlan
 
 log = logging.getLogger(__name__)
 
@@ -122,15 +124,61 @@ class AddSessionResult(BaseModel):
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_C = TypeVar("_C", bound=type)
+
+#: Public members of ``HybridMemory`` that leave no audit entry, each with its reason. Every other
+#: public method is recorded (``_audit_public_methods``). None of these changes the store
+#: (tests/test_audit.py calls each and finds every row as it was).
+UNAUDITED: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "open": "builds the facade; what is then called on it is recorded",
+        "close": "lifecycle: saves the index cache and closes the store",
+        "flush": "saves the index cache, which is rebuilt from the store when lost",
+        "embedder": "a property: the embedding backend",
+        "llm": "a property: the LLM backend",
+        "scrub_pending": "a property: whether a scrub marker file exists (the worker asks on every idle poll)",
+        "answer_options": "this config's answering settings; reads nothing stored",
+        "sessions_to_curate": (
+            "the curation worker's poll of the queue, every service.worker_poll_s: an entry per poll would bury "
+            "the trail; the curate_stored that takes the sessions records what their curation changed"
+        ),
+    }
+)
+#: The attribute by which a wrapped method names its audit action (``audited_action``).
+_AUDITED_AS = "hybridmem_audit_action"
+
+
+def audited_action(member: object) -> str | None:
+    """The audit action a member of ``HybridMemory`` records (``HybridMemory.<name>``), None if unaudited."""
+    action = getattr(member, _AUDITED_AS, None)
+    return action if isinstance(action, str) else None
+
+
+def _audit_public_methods(cls: _C) -> _C:
+    """Wrap every public method of ``cls`` in ``_audited`` as the class is created, so a method
+    added later is recorded without anyone remembering to. A public member that is not a plain
+    method (a property, a classmethod) must be listed in ``UNAUDITED``, as must every exemption."""
+    members = vars(cls)
+    unknown = sorted(UNAUDITED.keys() - members.keys())
+    if unknown:
+        raise TypeError(f"UNAUDITED names members {cls.__name__} does not have: {unknown}")
+    for name, member in list(members.items()):
+        if name.startswith("_") or name in UNAUDITED:
+            continue
+        if not inspect.isfunction(member):
+            raise TypeError(f"{cls.__name__}.{name} is public but no method to audit: list it in UNAUDITED, with why")
+        setattr(cls, name, _audited(member))
+    return cls
 
 
 def _audited(method: Callable[Concatenate[HybridMemory, _P], _R]) -> Callable[Concatenate[HybridMemory, _P], _R]:
     """Record each call in the audit trail (``storage/audit.py``, ``audit.enabled``): one entry
     ``HybridMemory.<name>`` per namespace, naming the ids the call returned (memories read,
-    windows, sessions, an answer's context) and changed (its events). A call made inside another
-    operation (a nested facade call, or a service request naming its key and route) adds to that
-    operation's entry instead of writing its own; only the outermost facade call reports ids of
-    its result, so an answer records the context it showed, not every candidate retrieved."""
+    windows, sessions, redactions, an answer's context) and changed (its events). A call made
+    inside another operation (a nested facade call, or a service request naming its key and
+    route) adds to that operation's entry instead of writing its own; only the outermost facade
+    call reports ids of its result, so an answer records the context it showed, not every
+    candidate retrieved."""
     action = f"HybridMemory.{method.__name__}"
     parameters = list(inspect.signature(method).parameters.values())
     position = next((i for i, p in enumerate(parameters) if p.name == "namespace"), None)
@@ -162,11 +210,12 @@ def _audited(method: Callable[Concatenate[HybridMemory, _P], _R]) -> Callable[Co
             finally:
                 scope.depth -= 1
 
+    setattr(recorded, _AUDITED_AS, action)
     return recorded
 
 
 def _note_result(scope: audit.AuditScope, namespace: str | None, result: Any) -> None:
-    """The ids a call hands back (never its text): memories, windows, sessions, an answer's context."""
+    """The ids a call hands back (never its text): memories, windows, sessions, redactions, an answer's context."""
     from hybridmem_local.answering.answerer import Answer
 
     for item in result if isinstance(result, builtins.list) else [result]:
@@ -186,8 +235,11 @@ def _note_result(scope: audit.AuditScope, namespace: str | None, result: Any) ->
             scope.note(item.session.session.namespace, sessions=[item.session.session.session_id])
         elif isinstance(item, Answer):
             scope.note(namespace, context=item.context_memory_ids, cited=item.cited_memory_ids)
+        elif isinstance(item, Redaction):
+            scope.note(item.namespace, redactions=[item.id])
 
 
+@_audit_public_methods
 class HybridMemory:
     def __init__(
         self, store: MemoryStore, config: Config, embedder: Embedder | None = None, llm: StructuredLLM | None = None
@@ -259,14 +311,18 @@ class HybridMemory:
     def _llm_cache_path(self) -> Path:
         return llm_cache_path(Path(str(self.store.path)))
 
-    @_audited
+    @property
+    def scrub_pending(self) -> bool:
+        """Whether a forget, purge or confirmed redaction left the scrub of the store or its LLM
+        call cache pending (a reader held it up): ``retry_pending_scrubs`` finishes it."""
+        return self.store.path is not None and (self.store.scrub_pending or is_pending(self._llm_cache_path()))
+
     def rebuild_indexes(self, namespace: str) -> dict[str, SyncReport]:
         """Throw the namespace's index files away and build them again from SQLite."""
         return self.indexes.rebuild(namespace)
 
     # ------------------------------------------------------------------ writes
 
-    @_audited
     def add_session(self, session: Session) -> AddSessionResult:
         """Store one session and curate it (or queue it: ``curation.mode``); see ``ingest``."""
         report = IngestReport()
@@ -278,13 +334,15 @@ class HybridMemory:
             report=report,
         )
 
-    @_audited
     def ingest(
         self, sessions: Sequence[Session], curate: bool = True, on_progress: ProgressCallback | None = None
     ) -> IngestReport:
         """Store sessions and curate them in batches (one batched LLM call per batch).
 
-        Each session is written in one transaction together with its memories. A session
+        Each session is written in one transaction together with its memories. When a session
+        asks to forget something (the rules of ``curation/forget.py``), the call's sessions are
+        instead stored first, each redacted as ``enqueue`` does, then curated from what was
+        stored (``curate_pending`` finishes them if the call is interrupted in between). A session
         whose curation fails is stored with status ``curation_failed`` (raw turns kept) and
         can be retried with ``curate_pending(retry_failed=True)``. Sessions already present
         are skipped, so an interrupted ingest can simply be run again.
@@ -293,15 +351,19 @@ class HybridMemory:
         self._ingest(sessions, curate, report, on_progress)
         return report
 
-    @_audited
     def enqueue(self, sessions: Sequence[Session], max_pending: int | None = None) -> list[SessionRecord]:
         """Store sessions raw as ``pending`` for a curator to take later (``curate_pending``, or the
         service's worker), in one transaction: all or none.
+
+        What a forget request in them names (the rules of ``curation/forget.py``) is redacted in
+        the same transaction, so search never returns it while they wait; the records returned
+        are the sessions as stored.
 
         Raises DuplicateSessionError (or DuplicateTurnError) when a session id (or a turn id) is
         already stored in its namespace, and QueueFullError when the pending sessions of all
         namespaces would then be more than ``max_pending``; nothing is stored either way.
         """
+        redacted: set[str] = set()
         with self.store.transaction():
             # Counted inside the write transaction: no other writer can add pending rows meanwhile.
             pending = self.store.sessions.count("pending")
@@ -311,10 +373,13 @@ class HybridMemory:
                     f"service.max_pending_sessions={max_pending}"
                 )
             for session in sessions:
-                self.store.sessions.insert(session, curation_status="pending")
-        return [SessionRecord(session=session, curation_status="pending") for session in sessions]
+                if self._store_pending(session) is not None:
+                    redacted.add(session.namespace)
+            records = [self.store.sessions.get(s.namespace, s.session_id) for s in sessions]
+        for namespace in sorted(redacted):
+            self._drop_indexes(namespace)
+        return records
 
-    @_audited
     def add_messages(self, namespace: str, messages: Sequence[Message], session_id: str | None = None) -> SessionRecord:
         """Chat messages (``{role, content}``) stored as a session dated now, ``pending`` like
         ``enqueue`` (``Session.from_messages``: the speaker is the role; a session id is made up
@@ -322,13 +387,11 @@ class HybridMemory:
         [record] = self.enqueue([Session.from_messages(namespace, messages, session_id)])
         return record
 
-    @_audited
     def remember(self, namespace: str, text: str) -> SessionRecord:
         """Plain text (a note, something the user said) stored as a one-message session from the
         user, dated now, for curation (``add_messages``)."""
         return self.add_messages(namespace, [Message.from_user(text)])
 
-    @_audited
     def get_session(self, namespace: str, session_id: str) -> SessionRecord:
         """A stored session with its turns and curation status (``pending``, ``curated``, ``curation_failed``)."""
         check_namespace(namespace)
@@ -341,19 +404,40 @@ class HybridMemory:
         per (namespace, session id)."""
         new = [s for s in sessions if not self.store.sessions.exists(s.namespace, s.session_id)]
         report.skipped += len(sessions) - len(new)
-        if not (curate and self.config.curation.mode == "sync"):
-            for session in new:
-                try:
-                    self.store.sessions.insert(session, curation_status="pending")
-                    report.stored += 1
-                except DuplicateSessionError:  # another process stored it since the check above
-                    report.skipped += 1
-            return {}
-        stored = self._curate_and_store(new, already_stored=False, report=report, on_progress=on_progress)
+        curate_now = curate and self.config.curation.mode == "sync"
+        if curate_now and not any(self._forget_requests_in(s) for s in new):
+            stored = self._curate_and_store(new, already_stored=False, report=report, on_progress=on_progress)
+        else:
+            # A forget request may name any earlier turn, this call's included: the sessions are
+            # stored first, in order, each redacted as it is stored, and curated as stored, so
+            # neither the windows nor the LLM see what was asked to be forgotten.
+            raw = self._store_raw(new, report)
+            if not curate_now:
+                return {}
+            as_stored = [self.store.sessions.get(s.namespace, s.session_id).session for s in raw]
+            stored = self._curate_and_store(as_stored, already_stored=True, report=report, on_progress=on_progress)
         report.consolidation_runs = self._scheduled_consolidation({s.namespace for s in new})
         return stored
 
-    @_audited
+    def _store_raw(self, sessions: Sequence[Session], report: IngestReport) -> builtins.list[Session]:
+        """Store sessions raw as ``pending``, each in its own transaction with the redaction its
+        forget requests make (``_store_pending``); returns those stored here (another process
+        may have stored one since they were checked)."""
+        stored: list[Session] = []
+        redacted: set[str] = set()
+        for session in sessions:
+            try:
+                if self._store_pending(session) is not None:
+                    redacted.add(session.namespace)
+            except DuplicateSessionError:  # another process stored it since the check in _ingest
+                report.skipped += 1
+                continue
+            report.stored += 1
+            stored.append(session)
+        for namespace in sorted(redacted):
+            self._drop_indexes(namespace)
+        return stored
+
     def curate_pending(
         self,
         namespace: str | None = None,
@@ -374,7 +458,6 @@ class HybridMemory:
         statuses = ["pending"] + (["curation_failed"] if retry_failed else [])
         return [r.session for r in self.store.sessions.to_curate(statuses, namespace=namespace, limit=limit)]
 
-    @_audited
     def mark_curation_failed(self, sessions: Sequence[Session], error: str) -> int:
         """Mark those of ``sessions`` still pending ``curation_failed`` with ``error`` (their raw
         turns stay, for ``curate_pending(retry_failed=True)``); a session curated meanwhile, or whose
@@ -392,7 +475,6 @@ class HybridMemory:
                 continue
         return marked
 
-    @_audited
     def curate_stored(self, sessions: Sequence[Session], on_progress: ProgressCallback | None = None) -> IngestReport:
         """Curate sessions already stored (pending or failed) in batches, then run the
         consolidation their namespaces are due. A session curated meanwhile by another process
@@ -475,7 +557,6 @@ class HybridMemory:
                 runs.append(report.run_id)
         return runs
 
-    @_audited
     def add_memories(
         self,
         namespace: str,
@@ -489,6 +570,9 @@ class HybridMemory:
         """Store memories (and, if given, the new session they came from) in one transaction.
 
         Embeddings are computed before the transaction, so a failure there changes nothing.
+        A forget request in ``session`` redacts what it names (these memories included) in the
+        same transaction, as ``enqueue`` does; the ids returned are those stored, a rewritten
+        memory's among them (``get`` shows its successor).
         Every ``source_turn_ids`` entry must name a turn of this namespace. With
         ``source_session_id`` naming a stored session, that session is marked curated in the
         same transaction; with ``require_uncurated`` too, nothing is written (AlreadyCuratedError)
@@ -550,6 +634,10 @@ class HybridMemory:
             self.store.embedding_cache.put(namespace, self.embedder.model_id, missing, vectors)
             if plan is not None:
                 ids = fold_repeats(self.store, plan, ids)
+            # After the memories: a forget request in the session names what they hold too.
+            redaction = self._redact_as_stored(session) if session is not None else None
+        if redaction is not None:
+            self._drop_indexes(namespace)
         return ids, len(plan.repeats) if plan else 0
 
     def _check_provenance(
@@ -565,7 +653,6 @@ class HybridMemory:
                 f"source_turn_ids name turns that namespace {namespace!r} does not have: {sorted(unknown)[:5]}"
             )
 
-    @_audited
     def update(self, memory_id: int, reason: str = "updated by user", **fields: Any) -> Episode | RelationalTuple:
         """Change an active memory's content: the changed record is stored as a new memory that
         supersedes the old one (content is never edited in place, so history and indexes stay
@@ -619,7 +706,6 @@ class HybridMemory:
                 for sources, new in replacements
             ]
 
-    @_audited
     def delete(self, memory_id: int, reason: str = "deleted by user", *, namespace: str | None = None) -> None:
         """Mark a memory deleted (kept in history; ``forget`` removes data physically); with
         ``namespace``, only if it is that namespace's (NotFoundError otherwise)."""
@@ -628,7 +714,6 @@ class HybridMemory:
             return
         self.store.memories.set_status(memory_id, MemoryStatus.deleted, reason=reason)
 
-    @_audited
     def forget(self, namespace: str) -> dict[str, int]:
         """Remove every trace of a namespace: rows, history, vectors, index files, exports and
         LLM cache entries, then scrub the store and the cache file so no file under the store's
@@ -770,27 +855,54 @@ class HybridMemory:
             self.confirm_redaction(redaction_id)
 
     def _act_on_forget_requests(self, session: Session, outcome: CurationOutcome) -> int | None:
-        """Redact what the session's forget requests name (the rules', and the LLM's with
-        ``curation.forget_requests: rules+llm``); returns the redaction's id, if one was made."""
+        """Redact what the session's forget requests name that no redaction of it answered when it
+        was stored (``_redact_as_stored``): the LLM's (``curation.forget_requests: rules+llm``), and
+        the rules' where storing found nothing to remove (or the session was stored without
+        them). Returns the redaction's id, if one was made."""
         mode = self.config.curation.forget_requests
         if mode == "off":
             return None
         from hybridmem_local.curation.forget import detect_requests, merge_requests
 
         marked = outcome.forget_requests if mode == "rules+llm" else []
-        requests = merge_requests(detect_requests(session), marked)
+        # The request sentences stay in the redacted turns, so the rules find them again: a turn
+        # already answered is not redacted twice (nor again after an admin undid its redaction).
+        answered = self.store.redactions.asked_turn_ids(session.namespace, session.session_id)
+        requests = [r for r in merge_requests(detect_requests(session), marked) if r.turn_id not in answered]
         return self._redact(session.namespace, session.session_id, requests) if requests else None
 
-    def _redact(self, namespace: str, session_id: str, requests: Sequence[ForgetRequest]) -> int | None:
-        """Remove what ``requests`` name from the namespace (curation/forget.py plans it) as one
-        pending redaction, with a ``redact`` event; an empty plan only logs a ``forget_request``
-        event. The removed text stays in the redaction's originals until it is confirmed."""
-        from hybridmem_local.curation.forget import TurnText, plan_redaction
+    def _forget_requests_in(self, session: Session) -> builtins.list[ForgetRequest]:
+        """The forget requests the rules find in a session (none with ``curation.forget_requests: off``)."""
+        if self.config.curation.forget_requests == "off":
+            return []
+        from hybridmem_local.curation.forget import detect_requests
 
-        rows = self.store.sessions.turn_rows(namespace)
-        turns = [TurnText(r["turn_id"], r["session_id"], r["speaker"], r["text"]) for r in rows]
-        plan = plan_redaction(requests, turns, self.store.memories.select(namespace, status=None))
-        asked = [r.model_dump() for r in plan.requests]
+        return detect_requests(session)
+
+    def _store_pending(self, session: Session) -> int | None:
+        """Store a session raw as ``pending`` and redact what its forget requests name, in one
+        transaction (the caller's, when inside one); returns the redaction's id, if one was made.
+        The caller rebuilds the namespace's indexes after its transaction (``_drop_indexes``)."""
+        with self.store.transaction():
+            self.store.sessions.insert(session, curation_status="pending")
+            return self._redact_as_stored(session)
+
+    def _redact_as_stored(self, session: Session) -> int | None:
+        """Redact what the rules' forget requests in ``session`` name, inside the transaction that
+        stores it, so neither its windows nor any other ever serve it, whatever the curation
+        backlog. A request naming nothing stored leaves no trace: curation plans it again once the
+        session's memories exist. Returns the redaction's id, if one was made."""
+        requests = self._forget_requests_in(session)
+        if not requests:
+            return None
+        plan = self._plan_redaction(session.namespace, requests)
+        return None if plan.empty else self._write_redaction(session.namespace, session.session_id, plan)
+
+    def _redact(self, namespace: str, session_id: str, requests: Sequence[ForgetRequest]) -> int | None:
+        """Remove what ``requests`` name from the namespace as one pending redaction
+        (``_write_redaction``) and rebuild its indexes; an empty plan only logs a
+        ``forget_request`` event."""
+        plan = self._plan_redaction(namespace, requests)
         if plan.empty:
             log.info("session %s: forget request(s) named nothing stored", session_id)
             with self.store.transaction():
@@ -800,10 +912,28 @@ class HybridMemory:
                     None,
                     None,
                     None,
-                    {"session_id": session_id, "requests": asked},
+                    {"session_id": session_id, "requests": [r.model_dump() for r in plan.requests]},
                     "nothing stored matched",
                 )
             return None
+        redaction_id = self._write_redaction(namespace, session_id, plan)
+        self._drop_indexes(namespace)
+        return redaction_id
+
+    def _plan_redaction(self, namespace: str, requests: Sequence[ForgetRequest]) -> RedactionPlan:
+        """What ``requests`` name in the namespace's turns and memories (curation/forget.py); changes nothing."""
+        from hybridmem_local.curation.forget import TurnText, plan_redaction
+
+        turns = [
+            TurnText(r["turn_id"], r["session_id"], r["speaker"], r["text"])
+            for r in self.store.sessions.turn_rows(namespace)
+        ]
+        return plan_redaction(requests, turns, self.store.memories.select(namespace, status=None))
+
+    def _write_redaction(self, namespace: str, session_id: str, plan: RedactionPlan) -> int:
+        """Apply a non-empty plan as one pending redaction with a ``redact`` event, in one
+        transaction (the caller's, when inside one). The removed text stays in the redaction's
+        originals until it is confirmed; the caller rebuilds the namespace's indexes after commit."""
         olds = self.store.memories.get_many([*plan.rewritten, *plan.deleted, *plan.retired])
         copies: dict[int, Episode | RelationalTuple] = {}
         for old_id, fields in plan.rewritten.items():
@@ -816,16 +946,16 @@ class HybridMemory:
         missing, vectors, _ = self.indexes.for_write(namespace, [c.index_text() for c in copies.values()])
         changed_turns = set(plan.turns)
         # Cached vectors of text that is going: removed with the originals on confirm.
-        hashes = {text_hash(m.index_text()) for m in olds.values()} | {
-            text_hash(w.index_text())
-            for w in (self.indexes.all_windows(namespace) if self.store.path is not None else [])
-            if changed_turns & {t.turn_id for t in w.turns}
-        }
-        before = {r["turn_id"]: r["text"] for r in rows if r["turn_id"] in changed_turns}
+        hashes = {text_hash(m.index_text()) for m in olds.values()} | self._window_hashes(namespace, changed_turns)
         reason_of = "removed at the user's request (redaction {})"
         with self.store.transaction():
+            before = self.store.redactions.turn_texts(namespace, sorted(changed_turns))
             redaction_id = self.store.redactions.create(
-                namespace, session_id, asked, {}, {"turns": before, "redacted": plan.turns}
+                namespace,
+                session_id,
+                [r.model_dump() for r in plan.requests],
+                {},
+                {"turns": before, "redacted": plan.turns},
             )
             reason = reason_of.format(redaction_id)
             self.store.redactions.rewrite_turns(namespace, plan.turns)
@@ -861,9 +991,21 @@ class HybridMemory:
                 },
                 "forget request",
             )
-        self._drop_indexes(namespace)
         log.info("redaction %d in %s: %d turns, %d memories", redaction_id, namespace, len(changed_turns), len(olds))
         return redaction_id
+
+    def _window_hashes(self, namespace: str, turn_ids: set[str]) -> set[str]:
+        """Text hashes of the windows that hold any of ``turn_ids``. Read from the store, not the
+        indexes' cache of windows: inside a transaction that may still roll back, that cache
+        would keep turns that were never stored."""
+        if self.store.path is None:
+            return set()
+        size, stride = self.config.retrieval.window_size, self.config.retrieval.window_stride
+        return {
+            text_hash(window.index_text())
+            for window in load_windows(self.store, namespace, size, stride).values()
+            if turn_ids & {t.turn_id for t in window.turns}
+        }
 
     def _drop_indexes(self, namespace: str) -> None:
         """Index files keep vectors and texts of removed entries (hnswlib marks them deleted): rebuild."""
@@ -872,7 +1014,6 @@ class HybridMemory:
 
     # ------------------------------------------------------------------ consolidation
 
-    @_audited
     def consolidate(
         self,
         namespace: str,
@@ -910,7 +1051,6 @@ class HybridMemory:
             return None
         return self.consolidate(namespace, llm=llm, clusterer=clusterer)
 
-    @_audited
     def apply_consolidation(self, report: ConsolidationReport) -> ConsolidationReport:
         """Apply a planned run (``consolidate(dry_run=True)`` or ``plan_consolidation`` made the
         report) in one transaction: a ``consolidation_runs`` row, each merge through ``_supersede``
@@ -965,7 +1105,6 @@ class HybridMemory:
         )
         return report
 
-    @_audited
     def undo(self, run_id: int, *, namespace: str | None = None) -> UndoReport:
         """Restore exactly the state before consolidation run ``run_id``, in one transaction.
 
@@ -1004,7 +1143,6 @@ class HybridMemory:
             run_id=run_id, namespace=plan.namespace, restored=len(plan.restore), removed=len(plan.merged_ids)
         )
 
-    @_audited
     def purge(self, namespace: str, older_than: timedelta) -> PurgeReport:
         """Physically delete non-active memories whose last status change is older than ``older_than``.
 
@@ -1056,7 +1194,6 @@ class HybridMemory:
 
     # ------------------------------------------------------------------ reads
 
-    @_audited
     def search(
         self,
         query: str,
@@ -1089,14 +1226,12 @@ class HybridMemory:
             query, namespace, k, self.config.retrieval.tuple_multiplier * k, filters=filters, candidates=candidates
         )
 
-    @_audited
     def answer(
         self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
     ) -> Answer:
         """Retrieve (``answer_search``) and answer with one LLM call, as ``answering`` configures."""
         return self.prepare_answer(question, namespace, question_date, k).run(self.llm)
 
-    @_audited
     def prepare_answer(
         self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
     ) -> PreparedAnswer:
@@ -1112,7 +1247,6 @@ class HybridMemory:
             options=self.answer_options(),
         )
 
-    @_audited
     def answer_many(
         self,
         questions: Sequence[str],
@@ -1137,7 +1271,6 @@ class HybridMemory:
             citer=options.citer,
         )
 
-    @_audited
     def answer_search(self, question: str, namespace: str = "default", k: int | None = None) -> SearchResult:
         """The search an answer is written from: ``search``, but every store's candidates when a
         context budget is set (the budget, not k, decides what is shown), with the memories'
@@ -1156,7 +1289,6 @@ class HybridMemory:
             citer=citer_for(self.config.answering, self.embedder.embed),
         )
 
-    @_audited
     def get(self, memory_id: int, *, namespace: str | None = None) -> Episode | RelationalTuple:
         """The memory with this id; with ``namespace``, only if it is that namespace's. Either way a
         missing one is a NotFoundError, and another namespace's is reported just as missing."""
@@ -1170,7 +1302,6 @@ class HybridMemory:
             raise NotFoundError(f"no memory with id {memory_id} in namespace {namespace!r}")
         return found
 
-    @_audited
     def list(
         self,
         namespace: str = "default",
@@ -1183,13 +1314,11 @@ class HybridMemory:
         check_page(limit, offset)
         return self.store.memories.select(namespace, kind, status, limit=limit, offset=offset)
 
-    @_audited
     def history(self, memory_id: int, *, namespace: str | None = None) -> builtins.list[Event]:
         """Every change of a memory, oldest first (``namespace`` as in ``get``)."""
         self.get(memory_id, namespace=namespace)  # a clear NotFoundError for an unknown id
         return self.store.events.history(memory_id)
 
-    @_audited
     def stats(self, namespace: str | None = None) -> Stats:
         """Counts of sessions, turns and memories by status, and the loaded indexes' sizes: of the
         whole store, or of one namespace."""
@@ -1202,7 +1331,6 @@ class HybridMemory:
 
     # ------------------------------------------------------------------ export / import
 
-    @_audited
     def export(self, namespace: str, path: str | Path) -> int:
         """Write a namespace as JSONL (sessions with turns, then memories with provenance); when
         the store is encrypted, the file is sealed with its key (``files.sessions.export_bytes``)
@@ -1217,7 +1345,6 @@ class HybridMemory:
         self.store.namespaces.record_export(namespace, path)
         return len(records)
 
-    @_audited
     def export_records(self, namespace: str) -> builtins.list[str]:
         """The export's JSONL lines, each ending in a newline: sessions, then memories of any status."""
         check_namespace(namespace)
@@ -1233,7 +1360,6 @@ class HybridMemory:
         ]
         return sessions + memories
 
-    @_audited
     def import_(self, path: str | Path, namespace: str | None = None) -> dict[str, int]:
         """Load an export (optionally into another namespace) in one transaction; a sealed one
         needs this store's key (a clear error and nothing imported otherwise)."""

@@ -10,6 +10,7 @@ import multiprocessing
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,11 +19,14 @@ from typer.testing import CliRunner
 
 from hybridmem_local.cli.main import app
 from hybridmem_local.config import load_config
-from hybridmem_local.errors import AuditChainError
-from hybridmem_local.memory import HybridMemory
+from hybridmem_local.errors import AuditChainError, ConflictError
+from hybridmem_local.memory import UNAUDITED, HybridMemory, audited_action
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn, utcnow
 from hybridmem_local.storage.audit import AuditScope, PendingEntry, acting_as
 from hybridmem_local.storage.store import MemoryStore
+from tests.factories import EchoLLM
+from tests.test_forget_requests import ASKS_TO_FORGET, SSN, STATES_SSN
+from tests.test_forget_requests import session as chat
 
 CONFIG = {"embedder.backend": "hashing", "curation.mode": "queue"}
 
@@ -117,6 +121,75 @@ def test_forget_keeps_the_namespaces_audit_entries_and_disabled_records_nothing(
     with open_memory(db, hashing_embedder, **{"audit.enabled": False}) as memory:
         memory.search("anything", namespace="bob")
         assert len(memory.store.audit.entries()) == 2
+
+
+#: How the tests call each exempt member of HybridMemory (``close`` last: it ends the facade).
+EXEMPT_CALLS: dict[str, Callable[[HybridMemory], object]] = {
+    "open": lambda m: HybridMemory.open(m.store.path, m.config, embedder=m.embedder, llm=m.llm).close(),
+    "flush": lambda m: m.flush(),
+    "embedder": lambda m: m.embedder,
+    "llm": lambda m: m.llm,
+    "scrub_pending": lambda m: m.scrub_pending,
+    "answer_options": lambda m: m.answer_options(),
+    "sessions_to_curate": lambda m: m.sessions_to_curate(retry_failed=True),
+    "close": lambda m: m.close(),
+}
+
+
+def test_every_public_member_of_the_facade_is_audited_unless_listed_as_exempt():
+    public = {name: member for name, member in vars(HybridMemory).items() if not name.startswith("_")}
+    audited = {name for name, member in public.items() if audited_action(member) == f"HybridMemory.{name}"}
+    assert audited | UNAUDITED.keys() == public.keys()
+    assert not audited & UNAUDITED.keys()
+    assert {"redactions", "undo_redaction", "confirm_redaction", "retry_pending_scrubs"} <= audited
+
+
+def test_the_exempt_members_change_nothing_in_the_store(tmp_path, hashing_embedder):
+    db = tmp_path / "memory.db"
+    memory = HybridMemory.open(db, load_config(None, CONFIG), embedder=hashing_embedder, llm=EchoLLM())
+    memory.add_memories(
+        "alice", tuples=[TupleDraft(entity="Alice", relation="ran", object="10K", timestamp="2023-05-07")]
+    )
+    memory.enqueue([chat("s1", ("Alice", "I ran a 10K on Sunday."))])
+    memory.search("Alice", namespace="alice")  # loads indexes, so flush and close have some to save
+    assert EXEMPT_CALLS.keys() == UNAUDITED.keys()
+
+    def rows() -> list[str]:
+        conn = sqlite3.connect(db)
+        try:
+            return list(conn.iterdump())
+        finally:
+            conn.close()
+
+    for name, call in EXEMPT_CALLS.items():
+        before = rows()
+        call(memory)
+        assert rows() == before, f"HybridMemory.{name} changed the store"
+
+
+def test_listing_undoing_and_confirming_redactions_leave_entries_without_text(tmp_path, hashing_embedder):
+    db = tmp_path / "memory.db"
+    with open_memory(db, hashing_embedder) as memory:
+        memory.enqueue([STATES_SSN, ASKS_TO_FORGET])
+        memory.enqueue([chat("s3", ("user", "My email is dana@example.org. Forget that."), day=2)])
+        first, second = memory.redactions("alice")
+        start = len(memory.store.audit.entries())
+        memory.redactions("alice", status="pending")
+        memory.undo_redaction(first.id, namespace="alice")
+        memory.confirm_redaction(second.id)  # no namespace given: the entry still names the redaction's
+        with pytest.raises(ConflictError):
+            memory.confirm_redaction(first.id, namespace="alice")
+        memory.retry_pending_scrubs()
+        entries = memory.store.audit.entries()[start:]
+    assert [(e.action, e.namespace, e.refs.get("redactions"), e.outcome) for e in entries] == [
+        ("HybridMemory.redactions", "alice", [first.id, second.id], "ok"),
+        ("HybridMemory.undo_redaction", "alice", [first.id], "ok"),
+        ("HybridMemory.confirm_redaction", "alice", [second.id], "ok"),
+        ("HybridMemory.confirm_redaction", "alice", None, "conflict"),
+        ("HybridMemory.retry_pending_scrubs", None, None, "ok"),
+    ]
+    table = repr(sqlite3.connect(db).execute("SELECT * FROM audit_log").fetchall())
+    assert SSN not in table and "dana@example.org" not in table
 
 
 def test_the_worker_and_other_actors_are_named(tmp_path):

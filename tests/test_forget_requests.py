@@ -1,6 +1,8 @@
 """Forget requests in conversations (issue #25 item 3): the rules that find them, the plan of
 what they name, and the redaction in a real store: search no longer returns the content, the
 turns carry the marker, an admin can undo it exactly or confirm it (then the bytes are gone).
+The rules redact as a session is stored (issue #33), before any curation; curation adds the
+LLM's requests without redacting a turn twice.
 
 ``EchoLLM`` (tests/factories.py) stands in for the curation model: its memories repeat each turn's text (so they hold
 what the user later asks to forget), and it marks the forget requests it is told to.
@@ -264,6 +266,87 @@ def test_a_session_that_only_mentions_forgetting_changes_nothing(tmp_path, hashi
         assert memory.get_session("alice", "s1").session.turns == chat.turns
 
 
+# --------------------------------------------------------------------------- as a session is stored
+
+ASKED = "Please forget my social security number."
+
+
+def redact_events(memory: HybridMemory) -> list[str]:
+    rows = memory.store.conn.execute(
+        "SELECT action FROM events WHERE action IN ('redact', 'forget_request') ORDER BY id"
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        pytest.param(lambda m: (m.enqueue([STATES_SSN]), m.enqueue([ASKS_TO_FORGET])), id="enqueue"),
+        pytest.param(lambda m: m.enqueue([STATES_SSN, ASKS_TO_FORGET]), id="one-enqueue"),
+        pytest.param(lambda m: (m.enqueue([STATES_SSN]), m.remember("alice", ASKED)), id="remember"),
+        pytest.param(lambda m: m.ingest([STATES_SSN, ASKS_TO_FORGET], curate=False), id="ingest-uncurated"),
+    ],
+)
+def test_a_request_is_redacted_as_it_is_stored_whatever_the_curation_backlog(memory, store):
+    store(memory)
+    found = everything_found(memory, "social security number tax form")
+    assert "6789" not in found and REDACTION_MARKER in found  # the windows serve the redacted turns
+    [redaction] = memory.redactions("alice")
+    assert redaction.status == "pending" and redaction.undoable and redaction.turn_ids == ["s1:0", "s1:1"]
+    assert redaction.requests[0]["what"] == "my social security number"
+    assert {r.curation_status for r in memory.store.sessions.select("alice")} == {"pending"}
+    assert redact_events(memory) == ["redact"]
+
+
+def test_enqueue_returns_the_sessions_as_stored(memory):
+    told = session("s1", ("user", "My PIN is 4321. Actually, forget that."), ("assistant", "Done."))
+    [record] = memory.enqueue([told])
+    assert record.session.turns[0].text == memory.get_session("alice", "s1").session.turns[0].text
+    assert "4321" not in record.session.turns[0].text and REDACTION_MARKER in record.session.turns[0].text
+
+
+def test_ingest_with_curation_redacts_before_the_llm_sees_the_turns(tmp_path, hashing_embedder):
+    with open_memory(tmp_path / "memory.db", hashing_embedder) as memory:
+        report = memory.ingest([STATES_SSN, ASKS_TO_FORGET])
+        assert report.stored == 2 and report.curated == 2
+        # The stand-in's memories repeat the turns it is shown: none ever held the number.
+        assert all("6789" not in m.index_text() for m in memory.list("alice", status=None))
+        assert "6789" not in everything_found(memory, "social security number tax form")
+        [redaction] = memory.redactions("alice")
+        assert redaction.turn_ids == ["s1:0", "s1:1"] and redaction.rewritten == {}
+        assert redact_events(memory) == ["redact"]
+
+
+def test_curation_does_not_redact_again_what_storing_redacted(tmp_path, hashing_embedder):
+    llm = EchoLLM({"s2:0": "my social security number"})  # the LLM marks the rules' turn too
+    with open_memory(tmp_path / "memory.db", hashing_embedder, llm, **{"curation.mode": "queue"}) as memory:
+        memory.enqueue([STATES_SSN, ASKS_TO_FORGET])
+        assert memory.curate_pending().curated == 2
+        [redaction] = memory.redactions("alice")
+        assert redaction.requests == [{"what": "my social security number", "turn_id": "s2:0", "detected_by": "rules"}]
+        assert redact_events(memory) == ["redact"]
+        assert all("6789" not in m.index_text() for m in memory.list("alice", status=None))
+
+
+def test_curation_leaves_a_redaction_an_admin_undid_undone(tmp_path, hashing_embedder):
+    with open_memory(tmp_path / "memory.db", hashing_embedder, **{"curation.mode": "queue"}) as memory:
+        memory.enqueue([STATES_SSN, ASKS_TO_FORGET])
+        [redaction] = memory.redactions("alice")
+        memory.undo_redaction(redaction.id)
+        memory.curate_pending()
+        assert [r.status for r in memory.redactions("alice")] == ["undone"]
+        assert SSN in everything_found(memory, "social security number tax form")
+
+
+def test_forget_requests_off_stores_the_turns_as_they_are(tmp_path, hashing_embedder):
+    with open_memory(tmp_path / "memory.db", hashing_embedder, **{"curation.forget_requests": "off"}) as memory:
+        memory.enqueue([STATES_SSN, ASKS_TO_FORGET])
+        memory.ingest([session("s3", ("user", "My PIN is 4321. Actually, forget that."), day=2)])
+        assert memory.redactions("alice") == [] and redact_events(memory) == []
+        assert memory.get_session("alice", "s1").session.turns == STATES_SSN.turns
+        assert "4321" in everything_found(memory, "PIN")
+
+
 # --------------------------------------------------------------------------- the surfaces
 
 
@@ -289,6 +372,25 @@ def test_the_client_lists_undoes_and_confirms_redactions_over_http(tmp_path, has
             client.undo_redaction(first.id, namespace="bob")
         assert SSN in client.search("social security number", namespace="alice", k=20).model_dump_json()
         assert "dana@example.org" not in client.search("email", namespace="alice", k=20).model_dump_json()
+
+
+def test_a_request_remembered_over_http_is_not_served_while_curation_waits(tmp_path, hashing_embedder):
+    from hybridmem_local.service.client import HybridMemoryClient
+    from tests.service.http_harness import live_service
+
+    with (
+        live_service(
+            tmp_path / "memory.db", hashing_embedder, EchoLLM(), start_worker=False, require_auth=False
+        ) as service,
+        HybridMemoryClient(service.url) as client,
+    ):
+        client.enqueue([STATES_SSN])
+        assert SSN in client.search("social security number", namespace="alice", k=20).model_dump_json()
+        client.remember("alice", ASKED)
+        assert "6789" not in client.search("social security number", namespace="alice", k=20).model_dump_json()
+        [redaction] = client.redactions("alice", status="pending")
+        assert redaction.turn_ids == ["s1:0", "s1:1"]
+        assert client.get_session("alice", "s1").curation_status == "pending"
 
 
 def test_the_cli_lists_undoes_and_confirms_redactions(tmp_path, hashing_embedder, hashing_cli):

@@ -190,9 +190,10 @@ class CurationWorker:
                 self._wake.clear()
 
     def retry_pending_scrubs(self) -> None:
-        """When idle: finish a forget's scrub that a reader held up (``HybridMemory.retry_pending_scrubs``)."""
+        """When idle: finish a forget's scrub that a reader held up (``HybridMemory.retry_pending_scrubs``).
+        Asked first whether one is pending, so an idle poll leaves no audit entry."""
         try:
-            if self.memory.retry_pending_scrubs() == 0:
+            if not self.memory.scrub_pending or self.memory.retry_pending_scrubs() == 0:
                 return
             log.info("curation worker: a forget's scrub is still pending (another connection reads); retried next poll")
         except Exception:  # noqa: BLE001 - e.g. the store is locked past its timeout: the next poll retries

@@ -3,7 +3,7 @@
 One entry per operation: its time, actor (an API key id, ``worker``, or ``local:<os user>`` for
 the Python API and the CLI), action (``POST /v1/namespaces/{namespace}/search``,
 ``HybridMemory.search``), namespace, the ids it read or changed (``refs``: memory ids read,
-changed and shown to an answer's LLM, window, session and key ids) and its outcome (``ok`` or
+changed and shown to an answer's LLM, window, session, key and redaction ids) and its outcome (``ok`` or
 an error code). Each entry stores ``prev_hash`` (the previous entry's hash) and ``hash``
 (SHA-256 of its own fields and ``prev_hash``), so an edited, deleted or moved entry breaks the
 chain at that entry (:meth:`AuditLog.verify`). Triggers refuse UPDATE and refuse DELETE except

@@ -34,7 +34,7 @@ class Redaction(BaseModel):
 
     id: int
     namespace: str
-    #: The session whose curation found the request(s).
+    #: The session whose request(s) it answers (found as the session was stored, or at its curation).
     session_id: str
     created_at: datetime
     status: RedactionStatus
@@ -107,6 +107,14 @@ class Redactions:
         if status is not None:
             sql, args = sql + " AND status = ?", [*args, status]
         return [_row_to_redaction(r) for r in self.db.conn.execute(sql + " ORDER BY id", args)]
+
+    def asked_turn_ids(self, namespace: str, session_id: str) -> set[str]:
+        """The turns whose forget requests a redaction of this session answered already, whatever
+        became of it (an undone one was an admin's decision)."""
+        rows = self.db.conn.execute(
+            "SELECT request FROM redactions WHERE namespace = ? AND session_id = ?", (namespace, session_id)
+        )
+        return {request["turn_id"] for (requests,) in rows for request in json.loads(requests)}
 
     def pending_before(self, cutoff: datetime) -> list[int]:
         """Pending redactions (of every namespace) made before ``cutoff``, oldest first."""

@@ -284,11 +284,13 @@ def test_every_route_leaves_one_entry_with_its_key_route_and_namespace_and_no_te
     leaked = [m for m in markers if m in raw]
     assert not leaked, leaked
     assert not [t for t in [*keys.tokens.values(), created["token"]] if t in raw]
-    # The worker's curation of the queued sessions is there too, as the worker's.
+    # The worker's curation of the queued sessions is there too, as the worker's (and its retry of
+    # the forget's scrub, when a reader held that up).
     curated = [r for r in audit_rows(db, worker=True) if r["actor"] == "worker"]
     assert curated and {r["action"] for r in curated} <= {
         "HybridMemory.curate_stored",
         "HybridMemory.mark_curation_failed",
+        "HybridMemory.retry_pending_scrubs",
     }
     # Forgetting "east" left its audit entries (ids, not text) and the chain verifies.
     store = MemoryStore(db)
