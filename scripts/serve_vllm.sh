@@ -15,11 +15,12 @@
 # gpu_memory_utilization and the executor backend. E.g. on this project's CPU machines:
 #   scripts/serve_vllm.sh start --config configs/vllm-cpu.yaml   # SmolLM2 on http://127.0.0.1:8011/v1
 # Without --config, the Qwen3-8B GPU defaults below (environment variables, defaults in brackets):
-#   scripts/serve_vllm.sh                       # 1 GPU, models/qwen3-8b, http://127.0.0.1:8000/v1
+#   scripts/serve_vllm.sh                       # 1 GPU, qwen3-8b, http://127.0.0.1:8000/v1
 #   HYBRIDMEM_TP=2 scripts/serve_vllm.sh        # tensor parallel over 2 GPUs
 #   HYBRIDMEM_PP=2 HYBRIDMEM_EXECUTOR=ray scripts/serve_vllm.sh   # pipeline parallel across Ray nodes
 #   scripts/serve_vllm.sh --enforce-eager       # extra arguments go to `vllm serve` unchanged
-#   HYBRIDMEM_MODEL_PATH        model folder            [models/qwen3-8b, from the repo root]
+#   HYBRIDMEM_MODEL_PATH        model folder            [qwen3-8b where `hybridmem models download` put
+#                               it: $HYBRIDMEM_MODELS_DIR, else the repo's models/, else ~/.local/share/hybridmem/models]
 #   HYBRIDMEM_SERVED_NAME       name clients ask for    [qwen3-8b]  (= llm.model in the config)
 #   HYBRIDMEM_HOST / _PORT      listen address          [127.0.0.1 / 8000]
 #   HYBRIDMEM_TP / HYBRIDMEM_PP tensor / pipeline parallel sizes  [1 / 1]
@@ -60,6 +61,13 @@ done
 default_tool() {  # $1: program in .venv-vllm/bin, $2: fallback
     if [[ -x "$repo_root/.venv-vllm/bin/$1" ]]; then echo "$repo_root/.venv-vllm/bin/$1"; else echo "$2"; fi
 }
+default_model_path() {  # $1: model name; where `hybridmem models download` puts it (models/registry.py)
+    local data_home="$HOME/.local/share"
+    [[ "${XDG_DATA_HOME:-}" == /* ]] && data_home=$XDG_DATA_HOME  # a relative value is ignored (XDG)
+    if [[ -n "${HYBRIDMEM_MODELS_DIR:-}" ]]; then echo "$HYBRIDMEM_MODELS_DIR/$1"
+    elif [[ -d "$repo_root/models/$1" ]]; then echo "$repo_root/models/$1"
+    else echo "$data_home/hybridmem/models/$1"; fi
+}
 vllm_bin="${HYBRIDMEM_VLLM:-$(default_tool vllm vllm)}"
 python_bin="${HYBRIDMEM_PYTHON:-$(default_tool python python3)}"
 state_dir="${HYBRIDMEM_VLLM_STATE:-$repo_root/.vllm}"
@@ -75,7 +83,7 @@ if [[ -n "$config" ]]; then
     args=("${serve_args[@]}")
     host=$serve_host port=$serve_port
 else
-    model_path="${HYBRIDMEM_MODEL_PATH:-$repo_root/models/qwen3-8b}"
+    model_path="${HYBRIDMEM_MODEL_PATH:-$(default_model_path qwen3-8b)}"
     host="${HYBRIDMEM_HOST:-127.0.0.1}" port="${HYBRIDMEM_PORT:-8000}"
     if [[ "$command" == run || "$command" == start ]] && [[ ! -f "$model_path/config.json" ]]; then
         echo "serve_vllm.sh: no model at $model_path (config.json missing);" \

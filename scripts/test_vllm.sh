@@ -10,8 +10,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install_vllm.sh || exit 1
+# --models-dir: into the checkout's models/, where tests/vllm/ look, not the per-user models dir
 if [ ! -f models/smollm2-135m-instruct-hf/config.json ]; then
-    .venv-vllm/bin/hybridmem models convert smollm2-135m-instruct || exit 1
+    .venv-vllm/bin/hybridmem models convert smollm2-135m-instruct --models-dir models || exit 1
 fi
 .venv-vllm/bin/python -m pytest -m vllm tests/vllm/ "$@"
 status=$?

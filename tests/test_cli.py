@@ -207,6 +207,20 @@ def test_user_mistakes_are_one_line_errors(tmp_path):
     assert run("ingest", "-", "--no-curate", "--db", db, input="{oops\n", ok=False).exit_code == 1
 
 
+def test_the_demo_names_the_install_command_before_loading_anything(tmp_path, hashing_cli, monkeypatch):
+    """No default LLM installed (an empty models dir; no wheel ships it): the demo stops with
+    the command that installs it, before it opens a store or loads a model."""
+    monkeypatch.setenv("HYBRIDMEM_MODELS_DIR", str(tmp_path / "no-models"))
+    opened = []
+    monkeypatch.setattr(HybridMemory, "open", lambda *args, **kwargs: opened.append(args))
+    db = tmp_path / "demo" / "memory.db"
+    refused = run("demo", "--db", str(db), ok=False)
+    assert refused.exit_code == 1, refused.output
+    assert "the demo needs models that are not installed; nothing was loaded" in refused.output
+    assert "hybridmem models install qwen2.5-coder-1.5b-instruct" in refused.output
+    assert opened == [] and not db.parent.exists()
+
+
 def test_overrides_are_read_as_yaml_values():
     assert parse_overrides(["retrieval.k=5", "llm.backend=transformers", "curation.annotate_relative_dates=false"]) == {
         "retrieval.k": 5,

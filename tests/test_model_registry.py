@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import sys
 import tarfile
 from pathlib import Path
 
@@ -144,13 +145,70 @@ def test_resolution_order_explicit_then_models_dir_then_wheel(manifest, wheel_di
     assert explicit.source == "explicit" and explicit.path == elsewhere
 
 
-def test_models_dir_defaults_to_env_var_then_cwd(manifest, wheel_dirs, tmp_path, monkeypatch):
-    copy_model(manifest, wheel_dirs, MINILM, tmp_path / "cwd" / "models")
-    monkeypatch.chdir(tmp_path / "cwd")
+@pytest.fixture
+def default_lookup(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """The default lookup on tmp folders, no $HYBRIDMEM_MODELS_DIR: returns ``./models`` of the
+    current directory and the per-user models dir (under ``$XDG_DATA_HOME``)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "platform", "linux")  # the XDG rule on every platform
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.delenv(model_registry.MODELS_DIR_ENV, raising=False)
-    assert resolve_model(MINILM, manifest=manifest).source == "models_dir"
-    monkeypatch.setenv(model_registry.MODELS_DIR_ENV, str(tmp_path / "empty"))
+    return cwd / "models", tmp_path / "data" / "hybridmem" / "models"
+
+
+def test_the_user_models_dir_follows_xdg(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert model_registry.user_models_dir() == tmp_path / "data" / "hybridmem" / "models"
+    for ignored in ("", "relative/data"):  # the XDG spec: an empty or relative value is ignored
+        monkeypatch.setenv("XDG_DATA_HOME", ignored)
+        assert model_registry.user_models_dir() == tmp_path / "home" / ".local" / "share" / "hybridmem" / "models"
+
+
+def test_lookup_order_is_cwd_models_then_the_user_dir_then_the_wheel(manifest, wheel_dirs, default_lookup):
+    cwd_models, user_models = default_lookup
+    assert model_registry.models_search_path() == [cwd_models, user_models]
     assert resolve_model(MINILM, manifest=manifest).source == "wheel"
+    in_user_dir = copy_model(manifest, wheel_dirs, MINILM, user_models)
+    assert resolve_model(MINILM, manifest=manifest).path == in_user_dir
+    in_cwd = copy_model(manifest, wheel_dirs, MINILM, cwd_models)
+    assert resolve_model(MINILM, manifest=manifest).path == in_cwd
+    looked_in = r"Looked in: .*/cwd/models/qwen3-8b \(absent\); .*/data/hybridmem/models/qwen3-8b \(absent\)"
+    with pytest.raises(ModelNotFoundError, match=looked_in):  # the error names every folder looked in
+        resolve_model("qwen3-8b", manifest=manifest)
+
+
+def test_the_env_var_is_the_only_models_dir_when_set(manifest, wheel_dirs, default_lookup, tmp_path, monkeypatch):
+    for default_dir in default_lookup:
+        copy_model(manifest, wheel_dirs, MINILM, default_dir)
+    chosen = tmp_path / "chosen"
+    monkeypatch.setenv(model_registry.MODELS_DIR_ENV, str(chosen))
+    assert model_registry.models_search_path() == [chosen]
+    assert resolve_model(MINILM, manifest=manifest).source == "wheel"  # neither default folder is looked in
+    in_chosen = copy_model(manifest, wheel_dirs, MINILM, chosen)
+    assert resolve_model(MINILM, manifest=manifest).path == in_chosen
+    assert model_registry.models_dir_for(MINILM) == chosen
+    monkeypatch.setenv(model_registry.MODELS_DIR_ENV, "")  # empty is unset
+    assert model_registry.models_search_path() == list(default_lookup)
+
+
+def test_installs_go_where_the_lookup_reads(manifest, wheel_dirs, default_lookup, tmp_path):
+    """Into the per-user dir, except over a copy ``./models`` holds (the one the lookup finds)."""
+    cwd_models, user_models = default_lookup
+    assert model_registry.default_models_dir() == user_models
+    assert model_registry.models_dir_for(MINILM) == user_models
+    copy_model(manifest, wheel_dirs, MINILM, cwd_models)
+    assert model_registry.models_dir_for(MINILM) == cwd_models
+    assert model_registry.models_dir_for(SMOLLM) == user_models
+    assert model_registry.models_dir_for(MINILM, tmp_path / "given") == tmp_path / "given"
+
+    bundle([SMOLLM], tmp_path / "smollm.tar", models_dir=tmp_path / "none", manifest=manifest)
+    installed = install_bundle(tmp_path / "smollm.tar", manifest=manifest)
+    assert installed.models_dir == user_models
+    assert resolve_model(SMOLLM, manifest=manifest).directory == user_models / SMOLLM
 
 
 def test_gguf_models_resolve_to_the_gguf_file(manifest, wheel_dirs, models_dir):
@@ -510,9 +568,13 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
-    # the default LLM is assembled into the checkout's models/ by scripts/install.sh
-    monkeypatch.setenv(model_registry.MODELS_DIR_ENV, str(Path(__file__).resolve().parents[1] / "models"))
+    # the default LLM is where scripts/install.sh put it: the per-user models dir, or the
+    # checkout's models/ where an earlier install did
+    monkeypatch.delenv(model_registry.MODELS_DIR_ENV, raising=False)
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
     report = doctor_report(load_config(), verify=True)
+    assert report["models_dirs"] == [str(p) for p in model_registry.models_search_path()]
+    assert report["models_dir"] == str(model_registry.user_models_dir())
     json.dumps(report)  # the CLI can print it as JSON
     assert report["offline"]["in_force"] is True
     rows = {m["role"]: m for m in report["models"]}
@@ -526,6 +588,8 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
         t["installed"] or "hybridmem models install" in t["where"] for t in tiers.values() if "qwen" in t["name"]
     )
     assert set(report["backends"]) == {"torch", "sentence_transformers", "llama_cpp", "vllm", "cuml"}
+    build = report["llama_cpp_build"]  # the llama.cpp build chosen for this CPU, loaded
+    assert build["variant"] in {"portable", "avx512"} and build["error"] is None and "AVX2" in build["features"]
     assert not any("embedder" in p for p in report["problems"])
     assert report["config"]["source"] == "built-in defaults"
     settings = report["config"]["settings"]
@@ -555,4 +619,6 @@ def test_doctor_report_for_the_default_and_a_gpu_config(monkeypatch, tmp_path):
     console.print(render_doctor(gpu_report))
     text = console.export_text()
     assert "qwen3-8b" in text and "missing" in text and MINILM in text
+    assert "llama.cpp build:" in text and "llama.cpp kernels:" in text
+    assert "models dirs (looked up in order):" in text
     assert "Config in force (gpu.yaml)" in text and "vllm-offline: qwen3-8b" in text and "clusterer" in text

@@ -87,6 +87,34 @@ def _checkpoint_check(path: Path) -> str | None:
     return None
 
 
+def _llama_cpp_build_check() -> dict[str, Any]:
+    """Which llama.cpp build this process loads (chosen for the CPU, as the llamacpp backend
+    does) and the SIMD kernels llama.cpp reports compiled into it. Runs before anything else
+    here imports llama_cpp, so the report is the build the backend would run."""
+    from hybridmem_local.llm.cpu_kernels import choose_llama_cpp_build, llama_cpp_system_info, simd_features
+
+    choice = choose_llama_cpp_build()
+    check: dict[str, Any] = {
+        "variant": choice.variant,
+        "path": str(choice.path) if choice.path else None,
+        "cpu": choice.cpu_model,
+        "reason": choice.reason,
+        "system_info": None,
+        "features": [],
+        "error": None,
+    }
+    if choice.path is None:
+        check["error"] = "llama-cpp-python is not installed"
+        return check
+    try:
+        check["system_info"] = llama_cpp_system_info()
+    except Exception as exc:  # a build that does not load must not crash the doctor; report it
+        check["error"] = f"{type(exc).__name__}: {exc}"
+    else:
+        check["features"] = simd_features(check["system_info"])
+    return check
+
+
 #: What a local LLM backend loads; the server backend loads nothing here.
 _REMOTE_LLM_BACKENDS = {"openai-server"}
 
@@ -157,6 +185,29 @@ def _llm_check(role: str, llm: LLMConfig, hash_files: bool) -> dict[str, Any]:
     return _model_check(role, llm.model, llm.path, hash_files)
 
 
+def require_models(config: Config, purpose: str) -> None:
+    """Refuse, loading nothing, when a model that ``config`` loads in this process (the embedder,
+    a local LLM) is not installed: a :class:`ModelNotFoundError` names each missing model and
+    the command that installs it, instead of failing minutes later after the others loaded."""
+    from hybridmem_local.errors import ModelNotFoundError
+    from hybridmem_local.models import registry as model_registry
+
+    wanted: list[tuple[str, Path | None]] = []
+    if config.embedder.backend != "hashing":  # feature hashing has no model file
+        wanted.append((config.embedder.model, config.embedder.path))
+    if config.llm.backend not in _REMOTE_LLM_BACKENDS:
+        wanted.append((config.llm.model, config.llm.path))
+    missing: list[str] = []
+    for name, path in wanted:
+        try:
+            model_registry.resolve_model(name, explicit_path=path)
+        except ModelNotFoundError as exc:
+            missing.append(str(exc))
+    if missing:
+        heading = f"{purpose} needs models that are not installed; nothing was loaded."
+        raise ModelNotFoundError("\n".join([heading, *missing]))
+
+
 def _llm_tiers(config: Config) -> list[dict[str, Any]]:
     """The embedded (llama.cpp GGUF) LLMs of the manifest: which are installed, which one runs."""
     from hybridmem_local.models import registry as model_registry
@@ -201,6 +252,7 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
     if config.judge is not None:
         models.append(_llm_check("judge", config.judge, verify))
 
+    llama_cpp_build = _llama_cpp_build_check()  # before the import check below loads llama_cpp
     backends = {
         "torch": _torch_check(),
         "sentence_transformers": _import_check("sentence_transformers"),
@@ -229,8 +281,11 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
         "models": models,
         "llm_tiers": _llm_tiers(config),
         "config": {"source": source or "built-in defaults", "settings": _config_settings(config)},
+        # where model folders are looked up, in order, and where an install of a new model goes
+        "models_dirs": [str(path) for path in model_registry.models_search_path()],
         "models_dir": str(model_registry.default_models_dir()),
         "backends": backends,
+        "llama_cpp_build": llama_cpp_build,
         "offline": offline,
         "versions": {
             "python": platform.python_version(),
@@ -335,9 +390,21 @@ def render_doctor(report: dict[str, Any]) -> RenderableType:
     for stage, value in report["config"]["settings"].items():
         settings.add_row(stage, value)
 
+    build = report["llama_cpp_build"]
     offline = report["offline"]
     lines = [
-        Text(f"models dir: {report['models_dir']}"),
+        Text(
+            f"llama.cpp build: {build['variant']} ({build['path'] or 'not installed'}) on "
+            f"{build['cpu'] or 'an unknown CPU'}: {build['reason']}"
+        ),
+        Text(
+            "llama.cpp kernels: " + (" ".join(build["features"]) or build["error"] or "none reported"),
+            style="red" if build["error"] else "",
+        ),
+        Text(
+            f"models dirs (looked up in order): {', '.join(report['models_dirs'])}; "
+            f"new installs go to {report['models_dir']}"
+        ),
         Text(
             "offline mode: " + ("in force" if offline["in_force"] else "not in force"),
             style="green" if offline["in_force"] else "yellow",

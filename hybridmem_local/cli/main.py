@@ -498,11 +498,16 @@ def demo(
     overrides: list[str] | None = SET_OPTION,
 ) -> None:
     """The main job on the embedded default, offline: ingest + curate a small conversation, then answer."""
+    from hybridmem_local.cli.doctor import require_models
+    from hybridmem_local.memory import HybridMemory
+
     started = time.perf_counter()
-    db.parent.mkdir(parents=True, exist_ok=True)
     with reported(*USER_ERRORS):
+        settings = config_from(config, overrides)
+        require_models(settings, "the demo")  # before anything loads or is written
         sessions = read_sessions_jsonl(DEMO_SESSIONS, "demo")
-        with open_memory(db, config, overrides) as memory:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with HybridMemory.open(db, settings) as memory:
             console.print(
                 f"[bold]LLM:[/] {memory.config.llm.backend}:{memory.config.llm.model}  "
                 f"[bold]embedder:[/] {memory.embedder.model_id}  [bold]store:[/] {db}"
@@ -514,8 +519,8 @@ def demo(
                 f"{report.usage.completion_tokens} completion tokens; "
                 f"{report.skipped} sessions already stored)" + curation_notes(report)
             )
-            for q in question:
-                print_answer(memory.answer(q, namespace="demo"))
+            for answer in memory.answer_many(question, namespace="demo"):  # decoded together
+                print_answer(answer)
     console.print(f"done in {time.perf_counter() - started:.1f}s")
 
 

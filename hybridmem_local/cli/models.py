@@ -27,7 +27,10 @@ MODELS_DIR_OPTION = typer.Option(
     None,
     "--models-dir",
     envvar=model_registry.MODELS_DIR_ENV,
-    help="Folder holding <name>/ model folders (default: ./models).",
+    help=(
+        "Folder holding <name>/ model folders (default: ./models when it holds the model, else the per-user "
+        f"folder, {model_registry.user_models_dir()})."
+    ),
 )
 MANIFEST_OPTION = typer.Option(
     None, "--manifest", envvar=model_registry.MANIFEST_ENV, help="Model manifest (default: the shipped one)."

