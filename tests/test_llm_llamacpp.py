@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from hybridmem_local.config import LLMConfig
 from hybridmem_local.llm import ChatMessage, LLMRequest, build_llm
+from hybridmem_local.llm.llamacpp import LlamaCppLLM
 
 pytestmark = pytest.mark.slow
 
@@ -131,34 +132,36 @@ def _batch() -> list[LLMRequest]:
     return [*(_fact(text) for text in TEXTS), pet, capital]
 
 
-def test_greedy_replies_are_the_same_with_every_lever_on_or_off(smollm2):
+def _smollm2(**levers) -> LlamaCppLLM:
+    llm = build_llm(LLMConfig(backend="llamacpp", model="smollm2-135m-instruct", n_threads=2, max_retries=0, **levers))
+    assert isinstance(llm, LlamaCppLLM)
+    return llm
+
+
+def test_greedy_replies_are_the_same_with_every_lever_on_or_off():
     """With SmolLM2's kernels, kept prefixes, four sequences at once and jump-forward change how
-    fast, not what: each reply equals the one of one-at-a-time decoding that re-reads every
-    prompt (the backend before them), and a second pass reusing the prefixes gives them again."""
-    today = build_llm(
-        LLMConfig(
-            backend="llamacpp",
-            model="smollm2-135m-instruct",
-            n_threads=2,
-            max_retries=0,
-            max_num_seqs=1,
-            keep_prefix=False,
-            jump_forward=False,
-        )
-    )
+    fast, not what: from a fresh backend each reply equals the one of one-at-a-time decoding
+    that re-reads every prompt (the backend before them), and a second pass reusing the
+    prefixes gives them again. (llama.cpp is not batch-invariant in general: a backend whose
+    KV cache holds other prompts, or the 1.5B's repacked kernels, can word a reply differently;
+    see llm/llama_batch.py.)"""
+    today = _smollm2(max_num_seqs=1, keep_prefix=False, jump_forward=False)
     try:
         expected = [result.text for result in today.generate(_batch())]
         assert today.decoder.stats.prompt_tokens_reused == 0 and today.decoder.stats.forced_tokens == 0
     finally:
         today.close()
-    stats = smollm2.decoder.stats
-    reused_before, forced_before = stats.prompt_tokens_reused, stats.forced_tokens
-    batched = smollm2.generate(_batch())
-    again = smollm2.generate(_batch())
+    levers = _smollm2()  # the defaults: 4 sequences, kept prefixes, jump-forward
+    try:
+        batched = levers.generate(_batch())
+        again = levers.generate(_batch())
+        stats = levers.decoder.stats
+    finally:
+        levers.close()
     assert [result.text for result in batched] == expected
     assert [result.text for result in again] == expected
     assert all(result.ok for result in again)
-    assert stats.prompt_tokens_reused > reused_before and stats.forced_tokens > forced_before
+    assert stats.prompt_tokens_reused > 0 and stats.forced_tokens > 0
 
 
 def test_each_sequence_of_a_batch_follows_its_own_schema(smollm2):

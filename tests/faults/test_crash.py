@@ -353,9 +353,12 @@ def _cached_replies(db: Path) -> int:
 
 @pytest.mark.slow
 def test_sigkill_inside_a_curation_batch_repeats_only_the_unfinished_windows(zygote, tmp_path):
-    """The embedded default (llama.cpp) commits each window's reply to the call cache as it
-    finishes: a run killed inside one batch of sessions keeps those replies, and the rerun asks
-    the model only for the windows it had not finished, ending as an uninterrupted run."""
+    """The embedded default (llama.cpp) commits its replies to the call cache a chunk at a time
+    (two rounds of its sequences): a run killed inside one batch of sessions keeps the chunks
+    that returned, and the rerun asks the model only for the windows it had not finished,
+    ending as an uninterrupted run. One sequence with every prompt read anew makes each reply
+    independent of the others in its batch (batched replies can differ in their last bits:
+    llm/llama_batch.py), so the rerun's replies equal the uninterrupted run's."""
     sessions = [c.session for c in curated_sessions("dora", 4, seed=5, turns=4)]
     sessions_file = write_jsonl(sessions, tmp_path / "sessions.jsonl")
     overrides = {
@@ -363,6 +366,8 @@ def test_sigkill_inside_a_curation_batch_repeats_only_the_unfinished_windows(zyg
         "llm.model": "smollm2-135m-instruct",
         "llm.n_threads": 1,
         "llm.max_retries": 0,
+        "llm.max_num_seqs": 1,
+        "llm.keep_prefix": False,
         "curation.batch_sessions": len(sessions),  # one batch: nothing commits before its last reply
         "curation.retry_rounds": 0,
         "consolidation.every_n_sessions": 0,
