@@ -108,16 +108,12 @@ class DecodeJob:
     tokens: list[int] = field(default_factory=list)
     finish: Finish = "stop"
     error: str | None = None
-    #: Prompt tokens found in the KV cache (not read again).
-    reused_tokens: int = 0
-    #: Reply tokens the grammar forced, fed without a decode step of their own.
-    forced_tokens: int = 0
     latency_s: float = 0.0
 
 
 @dataclass
 class DecoderStats:
-    """What the decoder did since it was built (for benchmarks and ``doctor``)."""
+    """What the decoder did since it was built (for the benchmark and the tests)."""
 
     steps: int = 0
     prompt_tokens_read: int = 0
@@ -282,7 +278,6 @@ class LlamaBatchDecoder:
             else:
                 self._lc.llama_memory_seq_rm(self._memory, seq, best, -1)
             self._held[seq] = list(job.prompt[:best])
-            job.reused_tokens = best
             self.stats.prompt_tokens_reused += best
             rng = np.random.default_rng(self.settings.seed)
             running[seq] = _Running(job, seq, list(job.prompt[best:]), rng, started)
@@ -385,7 +380,6 @@ class LlamaBatchDecoder:
                 if forced:
                     job.matcher.consume_tokens(forced)
                     job.tokens.extend(forced)
-                    job.forced_tokens += len(forced)
                     self.stats.forced_tokens += len(forced)
             if job.matcher.is_stopped():  # the grammar allows only the end now: no step for it
                 return None
