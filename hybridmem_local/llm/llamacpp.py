@@ -99,9 +99,12 @@ class LlamaCppLLM(ChatBackend):
         return [self._completion(job) for job in jobs]
 
     def _job(self, request: LLMRequest) -> DecodeJob:
+        # llama-cpp-python types each role's message as its own TypedDict; these plain dicts have
+        # the same keys, which mypy cannot see through the role's Literal.
         messages = [message.model_dump() for message in request.messages]
+        formatted = self._format(messages=messages)  # type: ignore[arg-type]
         # The template writes its own special tokens (added_special, as llama-cpp-python's handler).
-        prompt = self.decoder.tokenize(self._format(messages=messages).prompt, add_special=False)  # type: ignore[arg-type]
+        prompt = self.decoder.tokenize(formatted.prompt, add_special=False)
         job = DecodeJob(prompt=prompt, max_new_tokens=self.max_new_tokens(request))
         if request.output_schema is not None:
             from llguidance import LLMatcher
