@@ -48,7 +48,6 @@ from hybridmem_local.errors import (
     WorkerStopped,
 )
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.models.registry import ModelVerificationError
 from hybridmem_local.schema import (
     CurationResult,
     Episode,
@@ -62,6 +61,7 @@ from hybridmem_local.schema import (
     TupleDraft,
     Turn,
 )
+from hybridmem_local.weights.resolve import ModelVerificationError
 
 __version__ = "0.1.0"
 

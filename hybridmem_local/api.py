@@ -34,12 +34,16 @@ from hybridmem_local.schema import (
 )
 
 if TYPE_CHECKING:
-    from hybridmem_local.answering.answerer import Answer
-    from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
-    from hybridmem_local.memory import Stats
+    from hybridmem_local.results import (
+        Answer,
+        ConsolidationReport,
+        Event,
+        Redaction,
+        RedactionStatus,
+        Stats,
+        UndoReport,
+    )
     from hybridmem_local.schema import SessionRecord
-    from hybridmem_local.storage.events import Event
-    from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 
 
 class MemoryAPI(Protocol):

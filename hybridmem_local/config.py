@@ -29,7 +29,7 @@ class EmbedderConfig(_Section):
     """
 
     backend: Literal["sentence-transformers", "hashing"] = "sentence-transformers"
-    #: A name from models/manifest.yaml; resolved to a local directory, never a hub id.
+    #: A name from hybridmem_local/weights/manifest.yaml; resolved to a local directory, never a hub id.
     model: str = "all-minilm-l6-v2"
     #: Explicit local directory; overrides the manifest lookup.
     path: Path | None = None
@@ -110,7 +110,7 @@ class LLMConfig(_Section):
     """One structured-LLM backend; ``backend`` picks the implementation (see hybridmem_local.llm)."""
 
     backend: Literal["llamacpp", "transformers", "vllm-offline", "openai-server"] = "llamacpp"
-    #: A name from models/manifest.yaml (local backends) or the served model name (server). The
+    #: A name from hybridmem_local/weights/manifest.yaml (local backends) or the served model name (server). The
     #: default is the smallest embedded model that answered both demo questions right
     #: (Qwen2.5-Coder-0.5B did not; SmolLM2-135M neither): docs/benchmarks.md §12.
     model: str = "qwen2.5-coder-1.5b-instruct"
@@ -225,7 +225,7 @@ class CurationConfig(_Section):
     #: SmolLM2 writes) and a third of facts cut before their last clause are caught; rewordings by
     #: another writer mostly are not (2% of LoCoMo's event summaries): consolidation merges those.
     duplicate_cosine: float = Field(default=0.95, ge=0.0, le=1.0)
-    #: Forget requests in a session ("please forget my SSN"; curation/forget.py): found by the
+    #: Forget requests in a session ("please forget my SSN"; curation/redaction.py): found by the
     #: rules (forget_rules.yaml) and, with rules+llm, also where curation's LLM marks one; what
     #: they name is redacted from the namespace's turns and memories, undoable until confirmed.
     forget_requests: Literal["off", "rules", "rules+llm"] = "rules+llm"

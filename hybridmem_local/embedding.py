@@ -1,7 +1,7 @@
 """Embedders: one protocol, implementations chosen by ``embedder.backend`` in the config.
 
 ``sentence-transformers`` (the default) runs a model loaded from a local path only (resolved
-through ``models/manifest.yaml``; a hub id never reaches ``SentenceTransformer`` at run time).
+through ``hybridmem_local/weights/manifest.yaml``; a hub id never reaches ``SentenceTransformer`` at run time).
 ``hashing`` needs no model file: feature hashing of words, for plumbing tests and tiny
 deployments, not for semantic recall.
 """
@@ -38,7 +38,7 @@ class SentenceTransformerEmbedder:
     """sentence-transformers model loaded from a local directory, on CPU or CUDA."""
 
     def __init__(self, path: Path, model_id: str, batch_size: int = 64, device: str = "auto"):
-        from hybridmem_local.models.offline import enforce_offline
+        from hybridmem_local.weights.offline import enforce_offline
 
         enforce_offline()
         import torch
@@ -120,7 +120,7 @@ class HashingEmbedder:
 
 
 def _build_sentence_transformers(config: EmbedderConfig) -> Embedder:
-    from hybridmem_local.models.registry import resolve_model
+    from hybridmem_local.weights.resolve import resolve_model
 
     resolved = resolve_model(config.model, explicit_path=config.path)
     return SentenceTransformerEmbedder(resolved.path, config.model, config.batch_size, config.device)

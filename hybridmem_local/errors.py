@@ -18,7 +18,7 @@ Standard bases stay where callers rely on them: bad arguments are ``ValueError``
 validator a plain ``ValueError`` is still right: pydantic turns it into a ValidationError naming
 the field, which the servers report as ``validation_error``.)
 
-One subclass lives beside the data it carries: ``model_registry.ModelVerificationError`` (a
+One subclass lives beside the data it carries: ``weights.resolve.ModelVerificationError`` (a
 ``ModelRegistryError`` holding the failed ``VerifyReport``).
 """
 

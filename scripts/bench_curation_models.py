@@ -1,6 +1,6 @@
 """The embedded LLM tiers compared on curation: same sessions, same prompts, one model after another.
 
-For each model (a name from models/manifest.yaml, run by llama.cpp), in a fresh child process
+For each model (a name from hybridmem_local/weights/manifest.yaml, run by llama.cpp), in a fresh child process
 so that its peak memory is its own: load it, curate the sessions with ``Curator.curate`` (no
 call cache, MiniLM for provenance alignment), and report
 
@@ -40,7 +40,7 @@ MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder
 def _sessions(locomo: Path, per_conversation: int, demo: bool):
     from hybridmem_local.cli.main import DEMO_SESSIONS
     from hybridmem_local.eval.locomo import load_locomo
-    from hybridmem_local.files.sessions import read_sessions_jsonl
+    from hybridmem_local.files.session_files import read_sessions_jsonl
 
     sessions = read_sessions_jsonl(DEMO_SESSIONS, "demo") if demo else []
     if per_conversation:
@@ -57,8 +57,8 @@ def run_one(model: str, args: argparse.Namespace, overrides: dict) -> dict:
     from hybridmem_local.curation.curator import Curator
     from hybridmem_local.embedding import build_embedder
     from hybridmem_local.llm import build_llm
-    from hybridmem_local.models.offline import enforce_offline
-    from hybridmem_local.models.registry import resolve_model
+    from hybridmem_local.weights.offline import enforce_offline
+    from hybridmem_local.weights.resolve import resolve_model
 
     enforce_offline()
     config = load_config(None, {"llm.model": model, "llm.n_threads": args.threads, **overrides})

@@ -95,7 +95,8 @@ def bench_throughput(embedder, work: list[tuple[Session, list, list]], questions
     alike), embed the same texts in the same batch alone: the paired reference. Then, on the
     ingested store, search every question of its conversation (default config: hybrid) and
     rebuild every namespace's indexes from SQLite."""
-    from hybridmem_local.memory import HybridMemory, _as_stored
+    from hybridmem_local.memory import HybridMemory
+    from hybridmem_local.memory.writes import as_stored
 
     timed_embedder = TimedEmbedder(embedder)
     ingest_s, reference_s = [], []
@@ -107,7 +108,7 @@ def bench_throughput(embedder, work: list[tuple[Session, list, list]], questions
             memory.search("load the indexes", namespace=namespace)  # indexes then follow each write
         timed_embedder.seconds = timed_embedder.texts = timed_embedder.batches = 0
         for i, (session, episodes, tuples) in enumerate(work):
-            texts = sorted({_as_stored(m, session.namespace).index_text() for m in [*episodes, *tuples]})
+            texts = sorted({as_stored(m, session.namespace).index_text() for m in [*episodes, *tuples]})
             steps = [
                 (ingest_s, memory.add_memories, (session.namespace, episodes, tuples, session)),
                 (reference_s, embedder.embed, (texts,)),

@@ -97,7 +97,7 @@ def run_setting(name: str, args: argparse.Namespace, store: Path) -> dict:
     from hybridmem_local.eval.metrics import evidence_recall
     from hybridmem_local.llm import build_llm
     from hybridmem_local.memory import HybridMemory
-    from hybridmem_local.models.offline import enforce_offline
+    from hybridmem_local.weights.offline import enforce_offline
 
     enforce_offline()
     levers, build = SETTINGS[name]

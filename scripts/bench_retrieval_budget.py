@@ -27,7 +27,7 @@ only questions whose evidence turns are all stored count).
     python scripts/bench_retrieval_budget.py --selections --out runs/bench_selections.json
     python scripts/bench_retrieval_budget.py --selections --stores runs/eval_vllm_cpu/stores
 
-Budgets are counted in the tokenizer of ``--tokenizer`` (a models/manifest.yaml name; the
+Budgets are counted in the tokenizer of ``--tokenizer`` (a hybridmem_local/weights/manifest.yaml name; the
 embedded default answer model SmolLM2, whose tokenizer loads from its GGUF in ~8 s).
 """
 
@@ -84,7 +84,7 @@ def load_counter(model: str):
     """``count_tokens`` of a manifest model's tokenizer (GGUF models through transformers)."""
     from transformers import AutoTokenizer
 
-    from hybridmem_local.models.registry import resolve_model
+    from hybridmem_local.weights.resolve import resolve_model
 
     resolved = resolve_model(model)
     if resolved.path.suffix == ".gguf":

@@ -256,7 +256,7 @@ def build_store(
     db: Path, model_id: str, turns: list[tuple[str, str]], vectors: np.ndarray, sources: np.ndarray
 ) -> dict:
     """A store of len(vectors) memories whose cached vectors are ``vectors`` (nothing embedded)."""
-    from hybridmem_local.memory import _as_stored
+    from hybridmem_local.memory.writes import as_stored
     from hybridmem_local.schema import EpisodeDraft, TupleDraft
     from hybridmem_local.storage.store import MemoryStore
 
@@ -283,7 +283,7 @@ def build_store(
                     context="",
                 )
             )
-    texts = [_as_stored(d, "bench").index_text() for d in drafts]
+    texts = [as_stored(d, "bench").index_text() for d in drafts]
     store = MemoryStore(db)
     start = time.perf_counter()
     with store.transaction():

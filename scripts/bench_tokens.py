@@ -52,7 +52,7 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 def smollm2_counter() -> tuple[str, Callable[[str], int]] | None:
     """``count_tokens`` of the SmolLM2 tokenizer, or None when neither loader is available."""
-    from hybridmem_local.models.registry import resolve_model
+    from hybridmem_local.weights.resolve import resolve_model
 
     path = resolve_model("smollm2-135m-instruct").path
     gguf = path if path.suffix == ".gguf" else next(path.glob("*.gguf"))

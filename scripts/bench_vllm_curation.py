@@ -81,7 +81,7 @@ def main() -> None:
     from hybridmem_local.curation.curator import Curator
     from hybridmem_local.eval.locomo import load_locomo
     from hybridmem_local.llm import build_llm
-    from hybridmem_local.models.offline import enforce_offline
+    from hybridmem_local.weights.offline import enforce_offline
 
     enforce_offline()
     conversations = load_locomo(args.locomo).conversations

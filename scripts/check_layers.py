@@ -2,51 +2,77 @@
 
     .venv/bin/python scripts/check_layers.py              # hybridmem_local
     .venv/bin/python scripts/check_layers.py path/to/pkg
+    .venv/bin/python scripts/check_layers.py --markdown   # the layer table of docs/architecture.md
 
 The layers run the way data flows, lowest first: a module may import modules of its own layer
 and of lower ones, never of a higher one. Every import counts, as in check_import_cycles.py
 (module level, inside functions, under ``if TYPE_CHECKING``). A module no entry of
-:data:`LAYERS` names is an error too, so a new module is placed on purpose.
+:data:`LAYERS` names is an error too, so a new module is placed on purpose. The table in
+docs/architecture.md ("Packages and layers") is printed from :data:`LAYERS` by ``--markdown``;
+tests/test_layer_table.py fails when the two differ.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from check_import_cycles import import_lines, module_names
 
-#: Layers, lowest first, each with the modules it holds: names relative to the package, each
-#: covering its submodules ("llm" covers "llm.cache"); the longest entry that covers a module
-#: decides its layer ("llm.base" is base, the rest of "llm" backends). "__init__" is the
-#: package's own ``__init__``, the public API.
-LAYERS: list[tuple[str, list[str]]] = [
-    # Data model, settings, files and model files; the LLM protocol, the prompts and the text
-    # analysis (stems, alignment) are data and pure functions too; the error tree every layer raises.
-    ("base", ["errors", "config", "schema", "usage", "files", "models", "llm.base", "prompts", "text"]),
-    # What holds or computes: the SQLite store, the embedder, the LLM backends.
-    ("backends", ["storage", "embedding", "llm"]),
-    ("indexes", ["indexes"]),
-    ("stages", ["curation", "retrieval", "consolidation"]),
-    # Answering renders what retrieval returns (its context uses retrieval's RRF).
-    ("answering", ["answering"]),
-    ("facade", ["memory", "api", "__init__"]),
-    ("surfaces", ["service", "eval"]),
-    ("commands", ["cli"]),
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "hybridmem_local"
+
+
+class Layer(NamedTuple):
+    name: str
+    #: Names relative to the package, each covering its submodules ("llm" covers "llm.cache").
+    modules: list[str]
+    #: What the layer owns, one line: the "owns" column of docs/architecture.md.
+    owns: str
+
+
+#: Layers, lowest first. The longest entry that covers a module decides its layer ("llm.base"
+#: is base, the rest of "llm" backends). "__init__" is the package's own ``__init__``, the
+#: public API.
+LAYERS: list[Layer] = [
+    Layer(
+        "base",
+        ["errors", "config", "schema", "results", "usage", "files", "weights", "llm.base", "prompts", "text"],
+        "data and pure functions: the error tree every layer raises; config models and YAML; the data types "
+        "every stage passes (`Session`, `Episode`, `SessionRecord`, ...); the public API's result types; usage "
+        "counting; reading files, owner-only and crash-safe writes; model weights (manifest, lookup, installs) "
+        "and offline mode; the LLM protocol; prompt templates; stems and turn alignment",
+    ),
+    Layer(
+        "backends",
+        ["storage", "embedding", "llm"],
+        "what holds or computes: the SQLite store; the embedder; LLM backends and their call cache",
+    ),
+    Layer("indexes", ["indexes"], "rebuildable search caches of the store"),
+    Layer("stages", ["curation", "retrieval", "consolidation"], "one pipeline step each"),
+    Layer("answering", ["answering"], "reads what retrieval returns (its context uses retrieval's RRF)"),
+    Layer(
+        "facade",
+        ["memory", "api", "__init__"],
+        "`HybridMemory`: the stages wired together, every write in one transaction; `MemoryAPI`, the signature "
+        "the surfaces share; the public API",
+    ),
+    Layer("surfaces", ["service", "eval"], "HTTP API, MCP server, worker, client; benchmarks"),
+    Layer("commands", ["cli"], "`hybridmem`: the Python API with flags"),
 ]
 
 
-def layer_of(module: str, layers: list[tuple[str, list[str]]]) -> int | None:
+def layer_of(module: str, layers: list[Layer]) -> int | None:
     """The rank (index in ``layers``) of a package-relative module name, None when no entry covers it."""
     best: tuple[int, int] | None = None  # (length of the covering entry, rank)
-    for rank, (_, entries) in enumerate(layers):
-        for entry in entries:
+    for rank, layer in enumerate(layers):
+        for entry in layer.modules:
             if (module == entry or module.startswith(entry + ".")) and (best is None or len(entry) > best[0]):
                 best = (len(entry), rank)
     return None if best is None else best[1]
 
 
-def problems(package_dir: Path, layers: list[tuple[str, list[str]]]) -> list[str]:
+def problems(package_dir: Path, layers: list[Layer]) -> list[str]:
     """One line per module without a layer and per import of a higher layer, with its file and line."""
     modules = module_names(package_dir)
     package = package_dir.name
@@ -68,14 +94,35 @@ def problems(package_dir: Path, layers: list[tuple[str, list[str]]]) -> list[str
             imported_rank = ranks[imported]
             if imported_rank is not None and imported_rank > rank:
                 found.append(
-                    f"{path}:{line}: {relative(module)} ({layers[rank][0]}) imports "
-                    f"{relative(imported)} ({layers[imported_rank][0]}), a higher layer"
+                    f"{path}:{line}: {relative(module)} ({layers[rank].name}) imports "
+                    f"{relative(imported)} ({layers[imported_rank].name}), a higher layer"
                 )
     return found
 
 
+def markdown_table(package_dir: Path, layers: list[Layer]) -> str:
+    """The "Packages and layers" table of docs/architecture.md: one row per layer, its modules
+    named as files (``config.py``, ``files/``, ``llm/base.py``) and what it owns."""
+
+    def shown(entry: str) -> str:
+        path = package_dir.joinpath(*entry.split("."))
+        return f"`{entry.replace('.', '/')}/`" if path.is_dir() else f"`{entry.replace('.', '/')}.py`"
+
+    rows = ["| layer | packages and modules | owns |", "|---|---|---|"]
+    rows += [
+        f"| {rank} {layer.name} | {', '.join(shown(entry) for entry in layer.modules)} | {layer.owns} |"
+        for rank, layer in enumerate(layers)
+    ]
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str]) -> int:
-    package_dir = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "hybridmem_local"
+    markdown = "--markdown" in argv
+    paths = [arg for arg in argv if arg != "--markdown"]
+    package_dir = Path(paths[0]) if paths else PACKAGE_DIR
+    if markdown:
+        print(markdown_table(package_dir, LAYERS), end="")
+        return 0
     found = problems(package_dir, LAYERS)
     for problem in found:
         print(problem)

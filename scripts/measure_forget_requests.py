@@ -32,8 +32,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from hybridmem_local.config import load_config
-from hybridmem_local.curation.forget import detect_requests
-from hybridmem_local.files.sessions import read_sessions_file
+from hybridmem_local.curation.redaction import detect_requests
+from hybridmem_local.files.session_files import read_sessions_file
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, Turn
 

@@ -61,7 +61,7 @@ done
 default_tool() {  # $1: program in .venv-vllm/bin, $2: fallback
     if [[ -x "$repo_root/.venv-vllm/bin/$1" ]]; then echo "$repo_root/.venv-vllm/bin/$1"; else echo "$2"; fi
 }
-default_model_path() {  # $1: model name; where `hybridmem models download` puts it (models/registry.py)
+default_model_path() {  # $1: model name; where `hybridmem models download` puts it (hybridmem_local/weights/folders.py)
     local data_home="$HOME/.local/share"
     [[ "${XDG_DATA_HOME:-}" == /* ]] && data_home=$XDG_DATA_HOME  # a relative value is ignored (XDG)
     if [[ -n "${HYBRIDMEM_MODELS_DIR:-}" ]]; then echo "$HYBRIDMEM_MODELS_DIR/$1"

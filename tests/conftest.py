@@ -158,7 +158,7 @@ def default_llm():
     from hybridmem_local.config import LLMConfig
     from hybridmem_local.errors import ModelRegistryError
     from hybridmem_local.llm import build_llm
-    from hybridmem_local.models.registry import resolve_model
+    from hybridmem_local.weights.resolve import resolve_model
 
     config = LLMConfig(n_threads=2, max_retries=0)
     try:

@@ -14,7 +14,7 @@ from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, Turn
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.encryption import StoreKeys
-from hybridmem_local.storage.rekey import llm_cache_path
+from hybridmem_local.storage.paths import llm_cache_path
 from tests.factories import BASE_DATE, make_episode, make_tuple
 
 

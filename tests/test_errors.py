@@ -21,8 +21,8 @@ from hybridmem_local.errors import (
     RateLimitedError,
 )
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.models.registry import ModelVerificationError
 from hybridmem_local.schema import check_namespace
+from hybridmem_local.weights.resolve import ModelVerificationError
 from tests.conftest import REPO
 
 

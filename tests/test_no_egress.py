@@ -132,7 +132,7 @@ def online_env(monkeypatch):
     """Start from an environment with every offline switch off (restored afterwards)."""
     from huggingface_hub import constants
 
-    from hybridmem_local.models.offline import OFFLINE_ENV
+    from hybridmem_local.weights.offline import OFFLINE_ENV
 
     for name in OFFLINE_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -146,7 +146,7 @@ def test_enforce_offline_sets_env_and_already_imported_hub_constants(online_env)
 
     import huggingface_hub
 
-    from hybridmem_local.models.offline import OFFLINE_ENV, enforce_offline, offline_status
+    from hybridmem_local.weights.offline import OFFLINE_ENV, enforce_offline, offline_status
 
     assert offline_status()["in_force"] is False
     assert enforce_offline() == OFFLINE_ENV
@@ -160,7 +160,7 @@ def test_enforce_offline_sets_env_and_already_imported_hub_constants(online_env)
 def test_enforce_offline_can_be_waived_for_explicit_downloads(online_env):
     import os
 
-    from hybridmem_local.models.offline import OFFLINE_ENV, enforce_offline
+    from hybridmem_local.weights.offline import OFFLINE_ENV, enforce_offline
 
     assert enforce_offline(allow_network=True) == {}
     assert not any(name in os.environ for name in OFFLINE_ENV)
@@ -172,7 +172,7 @@ def test_offline_hub_call_makes_no_connection(online_env, no_egress, tmp_path):
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from hybridmem_local.models.offline import enforce_offline
+    from hybridmem_local.weights.offline import enforce_offline
 
     enforce_offline()
     with pytest.raises(LocalEntryNotFoundError):

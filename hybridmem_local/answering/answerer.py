@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,7 +32,8 @@ from hybridmem_local.config import AnsweringConfig
 from hybridmem_local.errors import InvalidInputError, LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import load_prompt
-from hybridmem_local.schema import LIST_MARKER, Episode, RelationalTuple, SearchResult, clean_cited_id
+from hybridmem_local.results import Answer, AnswerMode
+from hybridmem_local.schema import LIST_MARKER, SearchResult, clean_cited_id
 from hybridmem_local.text.alignment import AlignmentSettings, Embed, alignment_scores, select
 
 #: Room for a few-word answer and its citations; a thinking model gets the backend default
@@ -42,7 +42,6 @@ ANSWER_MAX_NEW_TOKENS = 256
 #: A text answer is a few words; the cap stops a small model that goes on into a paragraph.
 ANSWER_TEXT_MAX_NEW_TOKENS = 48
 
-AnswerMode = Literal["json", "text"]
 _PROMPTS: dict[str, str] = {"json": "answer", "text": "answer_text"}
 _ABSTAINS = re.compile(r"^\W*i (don'?t|do not) know\b", re.IGNORECASE)
 #: A label a small model writes before its answer: "Answer:", "The answer is:", or a speaker
@@ -64,42 +63,6 @@ class AnswerDraft(BaseModel):
         description='short ids of the memories used, e.g. ["E1", "T3"]',
         json_schema_extra={"items": {"type": "string", "pattern": r"^[ET][0-9]{1,4}$"}},
     )
-
-
-class Answer(BaseModel):
-    """An answer with the memories it cites and what it cost."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    question: str
-    answer: str
-    #: The cited memories, each with its ``source_turn_ids`` (the provenance of the answer).
-    cited: list[Episode | RelationalTuple] = Field(default_factory=list)
-    #: How the answer was asked for (``answering.mode``).
-    mode: AnswerMode = "json"
-    #: The short ids cited: as the model wrote them (json mode), or derived by alignment (text mode).
-    citations: list[str] = Field(default_factory=list)
-    #: The memory ids behind the valid citations, in citation order, without repeats.
-    cited_memory_ids: list[int] = Field(default_factory=list)
-    #: The memory ids the context showed the model, in context order (what the audit trail records).
-    context_memory_ids: list[int] = Field(default_factory=list)
-    #: Cited short ids that named no memory in the context (dropped).
-    invalid_citations: list[str] = Field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    #: Seconds of the LLM call (near zero when the call cache answered): wall-clock for
-    #: :func:`answer_from_context`, the backend's per-request figure for :func:`answer_many`.
-    latency_s: float = 0.0
-    #: The memory block the model was shown.
-    context_text: str
-    prompt_version: str
-    #: Set when no usable reply came back; ``answer`` is then empty.
-    error: str | None = None
-
-    @property
-    def cited_turn_ids(self) -> list[str]:
-        """Source turns of every cited memory, in citation order, without repeats."""
-        return list(dict.fromkeys(t for memory in self.cited for t in memory.source_turn_ids))
 
 
 def _question_date_line(question_date: datetime | None) -> str:

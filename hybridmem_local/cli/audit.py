@@ -10,23 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from hybridmem_local.cli.common import (
-    CONFIG_OPTION,
-    DB_OPTION,
-    JSON_OPTION,
-    SET_OPTION,
-    USER_ERRORS,
-    config_from,
-    console,
-    print_json,
-)
-from hybridmem_local.cli.errors import fail, reported
-from hybridmem_local.config import Config
+from hybridmem_local.cli.common import NamespaceFilter, Output, StoreOptions, print_json, with_options
+from hybridmem_local.cli.console import console
+from hybridmem_local.cli.errors import fail
 from hybridmem_local.schema import utcnow
 from hybridmem_local.storage.store import MemoryStore
 
@@ -38,28 +29,20 @@ app = typer.Typer(
 
 
 @contextmanager
-def _store(db: Path, config: Config) -> Iterator[MemoryStore]:
-    if not db.exists():  # opening would create an empty store
-        raise fail(f"no store at {db}")
-    with reported(*USER_ERRORS):
-        store = MemoryStore.open(db, config.store)
-    try:
-        yield store
-    finally:
-        store.close()
+def _existing(store: StoreOptions) -> Iterator[MemoryStore]:
+    if not store.db.exists():  # opening would create an empty store
+        raise fail(f"no store at {store.db}")
+    with store.open_store() as opened:
+        yield opened
 
 
 @app.command("verify")
-def verify(
-    db: Path = DB_OPTION,
-    as_json: bool = JSON_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
-) -> None:
+@with_options
+def verify(*, store: StoreOptions, output: Output) -> None:
     """Walk the hash chain; exit 1 naming the first entry edited, deleted or out of place."""
-    with _store(db, config_from(config, overrides)) as store, reported(*USER_ERRORS):
-        verdict = store.audit.verify()
-    if as_json:
+    with _existing(store) as opened:
+        verdict = opened.audit.verify()
+    if output.as_json:
         print_json(verdict)
     elif verdict.ok:
         console.print(f"ok: {verdict.entries} entries after anchor {verdict.anchor_id}; head hash {verdict.head_hash}")
@@ -78,21 +61,27 @@ def _since(value: str | None) -> datetime | None:
 
 
 @app.command("list")
+@with_options
 def list_(
-    key: str | None = typer.Option(None, "--key", help="Only this actor: an API key id, 'worker' or 'local:USER'."),
-    namespace: str | None = typer.Option(None, "--namespace", "-n", help="Only this namespace."),
-    since: str | None = typer.Option(None, "--since", help="From this ISO date or time on (UTC unless given)."),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="At most this many entries (oldest first)."),
-    db: Path = DB_OPTION,
-    as_json: bool = JSON_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
+    key: Annotated[
+        str | None, typer.Option("--key", help="Only this actor: an API key id, 'worker' or 'local:USER'.")
+    ] = None,
+    namespace: NamespaceFilter = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="From this ISO date or time on (UTC unless given).")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="At most this many entries (oldest first).")
+    ] = None,
+    *,
+    store: StoreOptions,
+    output: Output,
 ) -> None:
     """Entries in chain order: time, actor, action, namespace, ids, outcome."""
     when = _since(since)
-    with _store(db, config_from(config, overrides)) as store, reported(*USER_ERRORS):
-        entries = store.audit.entries(actor=key, namespace=namespace, since=when, limit=limit)
-    if as_json:
+    with _existing(store) as opened:
+        entries = opened.audit.entries(actor=key, namespace=namespace, since=when, limit=limit)
+    if output.as_json:
         print_json(entries)
         return
     table = Table("id", "at", "actor", "action", "namespace", "refs", "outcome")
@@ -110,20 +99,22 @@ def list_(
 
 
 @app.command("trim")
+@with_options
 def trim(
-    older_than_days: int | None = typer.Option(
-        None, "--older-than-days", min=1, help="Remove entries older than this (default: audit.retention_days)."
-    ),
-    db: Path = DB_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
+    older_than_days: Annotated[
+        int | None,
+        typer.Option(
+            "--older-than-days", min=1, help="Remove entries older than this (default: audit.retention_days)."
+        ),
+    ] = None,
+    *,
+    store: StoreOptions,
 ) -> None:
     """Remove old entries, keeping the chain verifiable from an anchor (the hash of the last one
     removed); the trim is an entry itself. Refused when the chain does not verify."""
-    settings = config_from(config, overrides)
-    days = older_than_days if older_than_days is not None else settings.audit.retention_days
+    days = older_than_days if older_than_days is not None else store.config.audit.retention_days
     if days is None:
         raise fail("give --older-than-days, or set audit.retention_days in the config")
-    with _store(db, settings) as store, reported(*USER_ERRORS):
-        trimmed = store.audit.trim(utcnow() - timedelta(days=days))
+    with _existing(store) as opened:
+        trimmed = opened.audit.trim(utcnow() - timedelta(days=days))
     console.print(f"trimmed {trimmed} entries older than {days} days")

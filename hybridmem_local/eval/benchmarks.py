@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from hybridmem_local.errors import DatasetError
+from hybridmem_local.eval.audited_gold import apply_audit, load_audit
 from hybridmem_local.eval.locomo import LocomoDataset, load_locomo
 from hybridmem_local.eval.longmemeval import LongMemEvalDataset, load_longmemeval
 from hybridmem_local.eval.options import RunOptions
+from hybridmem_local.eval.sampling import stratified_sample
 from hybridmem_local.eval.systems import EvalConversation, EvalQuestion
 from hybridmem_local.schema import StrictModel
 
@@ -27,6 +29,12 @@ def load_benchmark(options: RunOptions) -> LoadedBenchmark:
     else:
         dataset = load_longmemeval(options.data)
         conversations = [_from_longmemeval(i) for i in dataset.instances]
+    if options.sample is not None:
+        chosen = stratified_sample(conversations, options.sample, options.sample_seed)
+        conversations = [
+            c.model_copy(update={"questions": [q for q in c.questions if q.question_id in chosen]})
+            for c in conversations
+        ]
     if options.conversations:
         known = {c.conversation_id for c in conversations}
         unknown = [c for c in options.conversations if c not in known]
@@ -52,6 +60,9 @@ def load_benchmark(options: RunOptions) -> LoadedBenchmark:
     elif options.limit:
         conversations = [c.model_copy(update={"questions": c.questions[: options.limit]}) for c in conversations]
     selected = {q.question_id for c in conversations for q in c.questions}
+    audited_answers = None
+    if options.audited_gold is not None:
+        audited_answers = apply_audit(conversations, load_audit(options.audited_gold), options.audited_gold)
     if isinstance(dataset, LocomoDataset):
         issues = [i for i in dataset.evidence_issues if i.question_id in selected]
         counts: dict[str, Any] = {
@@ -69,6 +80,7 @@ def load_benchmark(options: RunOptions) -> LoadedBenchmark:
             "duplicate_sessions_skipped_in_file": dataset.duplicate_sessions_skipped,
         }
     counts["questions_beyond_max_sessions"] = beyond_max_sessions
+    counts["questions_with_audited_answer"] = audited_answers
     counts["questions_without_evidence"] = sum(1 for c in conversations for q in c.questions if not q.evidence)
     return LoadedBenchmark(conversations=conversations, counts=counts)
 

@@ -1,7 +1,7 @@
 """LLM-as-a-judge: which prompt grades which question, the request, and the verdict schema.
 
-The prompts live in ``hybridmem_local/prompts/judge_*.yaml``: mem0's LoCoMo judge and
-LongMemEval's per-type answer checks, each asking for a :class:`JudgeVerdict` as JSON.
+The prompts live in ``hybridmem_local/prompts/judge_*.yaml``: mem0's LoCoMo judge, a strict
+LoCoMo judge, and LongMemEval's per-type answer checks, each asking for a :class:`JudgeVerdict` as JSON.
 Running the requests is the caller's job (any :class:`~hybridmem_local.llm.base.StructuredLLM`).
 """
 
@@ -28,7 +28,10 @@ LONGMEMEVAL_JUDGE_PROMPTS: dict[str, str] = {
     "single-session-preference": "judge_longmemeval_preference",
 }
 LONGMEMEVAL_ABSTENTION_PROMPT = "judge_longmemeval_abstention"
-LOCOMO_JUDGE_PROMPT = "judge_locomo"
+#: LoCoMo judge prompts by name: mem0's (the one papers report, "generous") and a strict one
+#: (the same fact, the same time), whose error rates docs/benchmarks.md §15 measures.
+LOCOMO_JUDGE_PROMPTS: dict[str, str] = {"mem0": "judge_locomo", "strict": "judge_locomo_strict"}
+LocomoJudge = Literal["mem0", "strict"]
 
 #: A one-sentence reason and a label fit comfortably; the cap stops a runaway judge.
 JUDGE_MAX_NEW_TOKENS = 256
@@ -45,8 +48,10 @@ class JudgeVerdict(StrictModel):
         return self.label == "CORRECT"
 
 
-def judge_prompt_name(benchmark: Benchmark, question_type: str | None, abstention: bool = False) -> str:
-    """The prompt file that grades this kind of question."""
+def judge_prompt_name(
+    benchmark: Benchmark, question_type: str | None, abstention: bool = False, locomo_judge: LocomoJudge = "mem0"
+) -> str:
+    """The prompt file that grades this kind of question (``locomo_judge`` picks LoCoMo's)."""
     if benchmark == "locomo":
         if question_type == CATEGORY_NAMES[5]:
             raise InvalidInputError(
@@ -57,7 +62,7 @@ def judge_prompt_name(benchmark: Benchmark, question_type: str | None, abstentio
             raise InvalidInputError(
                 f"unknown LoCoMo category {question_type!r}; expected one of {list(CATEGORY_NAMES.values())}"
             )
-        return LOCOMO_JUDGE_PROMPT
+        return LOCOMO_JUDGE_PROMPTS[locomo_judge]
     if benchmark == "longmemeval":
         if question_type not in LONGMEMEVAL_JUDGE_PROMPTS:
             raise InvalidInputError(
@@ -76,14 +81,16 @@ def build_judge_request(
     question_type: str | None = None,
     *,
     abstention: bool = False,
+    locomo_judge: LocomoJudge = "mem0",
 ) -> LLMRequest:
     """One judge call whose reply must be a :class:`JudgeVerdict`.
 
     ``question_type`` is the LoCoMo category name (optional: one prompt serves all) or the
     LongMemEval question type (required). ``abstention`` marks LongMemEval ``_abs`` questions,
-    whose ``gold`` is the explanation of why the question cannot be answered.
+    whose ``gold`` is the explanation of why the question cannot be answered. ``locomo_judge``
+    picks the LoCoMo prompt (:data:`LOCOMO_JUDGE_PROMPTS`).
     """
-    prompt = load_prompt(judge_prompt_name(benchmark, question_type, abstention))
+    prompt = load_prompt(judge_prompt_name(benchmark, question_type, abstention, locomo_judge))
     return LLMRequest(
         messages=prompt.messages(question=question, gold=gold, prediction=prediction),
         output_schema=JudgeVerdict,

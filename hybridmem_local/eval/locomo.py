@@ -1,6 +1,6 @@
 """LoCoMo loader: the official ``locomo10.json`` format into conversations with their questions.
 
-The conversations are read by :class:`hybridmem_local.files.sessions.LocomoReader` (the format, the
+The conversations are read by :class:`hybridmem_local.files.session_files.LocomoReader` (the format, the
 session dates read as UTC, the skipped empty sessions); this module adds each sample's ``qa``.
 
 Evidence ids in the official file are not all clean (``"D8:6; D9:17"``, ``"D:11:26"``,
@@ -17,7 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hybridmem_local.errors import DatasetError
-from hybridmem_local.files.sessions import LocomoReader, LocomoSample, describe_validation_error, parse_session_date
+from hybridmem_local.files.readers import describe_validation_error
+from hybridmem_local.files.session_files import LocomoReader, LocomoSample, parse_session_date
 from hybridmem_local.schema import Session, StrictModel, check_namespace
 
 __all__ = ["ADVERSARIAL", "CATEGORY_NAMES", "LocomoConversation", "LocomoDataset", "load_locomo", "parse_session_date"]

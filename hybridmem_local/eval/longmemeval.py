@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hybridmem_local.errors import DatasetError, InvalidInputError
-from hybridmem_local.files.sessions import describe_validation_error, read_json_list
+from hybridmem_local.files.readers import describe_validation_error, read_json_list
 from hybridmem_local.schema import NAMESPACE_PATTERN, Session, StrictModel, Turn, check_namespace
 
 QuestionType = Literal[

@@ -234,3 +234,31 @@ def bootstrap_interval(
     draws = np.random.default_rng(seed).integers(0, scorable.size, size=(resamples, scorable.size))
     low, high = np.quantile(scorable[draws].mean(axis=1), [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return float(low), float(high)
+
+
+class PairedDifference(StrictModel):
+    """Mean of ``a - b`` over the questions both systems have a value for, with its interval."""
+
+    n: int
+    difference: float | None
+    ci95: tuple[float, float] | None
+
+
+def paired_difference(
+    a: Sequence[float | bool | None],
+    b: Sequence[float | bool | None],
+    *,
+    level: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> PairedDifference:
+    """Paired percentile bootstrap of the mean difference: ``a[i]`` and ``b[i]`` are the same
+    question answered by two systems, resampled together, so the interval is not widened by how
+    hard the questions are (the unpaired intervals of two systems overlap far more)."""
+    if len(a) != len(b):
+        raise InvalidInputError(f"paired values need equal lengths, got {len(a)} and {len(b)}")
+    differences = np.array([float(x) - float(y) for x, y in zip(a, b, strict=True) if x is not None and y is not None])
+    if not differences.size:
+        return PairedDifference(n=0, difference=None, ci95=None)
+    interval = bootstrap_interval(differences.tolist(), level=level, resamples=resamples, seed=seed)
+    return PairedDifference(n=int(differences.size), difference=float(differences.mean()), ci95=interval)

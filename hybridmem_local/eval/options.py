@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from hybridmem_local.config import Config
 from hybridmem_local.eval import Benchmark
+from hybridmem_local.eval.judge import LocomoJudge
 from hybridmem_local.eval.judge_audit import DEFAULT_AUDIT_SIZE
 from hybridmem_local.eval.systems import DEFAULT_RAG_BUDGET, SYSTEMS
 from hybridmem_local.schema import StrictModel
@@ -31,6 +32,13 @@ class RunOptions(StrictModel):
     conversations: list[str] | None = None
     #: Questions per conversation (LoCoMo) or instances (LongMemEval), first ones first.
     limit: int | None = Field(default=None, ge=1)
+    #: A stratified sample of this many questions over every conversation of the file
+    #: (``eval/sampling.py``), drawn before ``conversations`` selects: shards agree on it.
+    sample: int | None = Field(default=None, ge=1)
+    sample_seed: int = 0
+    #: Corrected gold answers and evidence (LoCoMo audit ``errors.json``): every question is
+    #: scored against both golds.
+    audited_gold: Path | None = None
     #: Ingest only the first N sessions of each conversation (questions are all kept).
     max_sessions: int | None = Field(default=None, ge=1)
     #: No answering, judging or curation: retrieval metrics from existing (curated) stores.
@@ -47,6 +55,10 @@ class RunOptions(StrictModel):
     batch_size: int = Field(default=DEFAULT_BATCH_SIZE, ge=1)
     #: Planted wrong answers the judge grades for its false-accept rate (0: no audit).
     judge_audit: int = Field(default=DEFAULT_AUDIT_SIZE, ge=0)
+    #: The LoCoMo judge prompt: mem0's (what papers report) or the strict one (``eval/judge.py``).
+    judge_prompt: LocomoJudge = "mem0"
+    #: Gold answers reworded (same meaning) the judge grades, for its false-reject rate (0: none).
+    judge_rewordings: int = Field(default=0, ge=0)
     #: Folder of the per-conversation stores (default OUT/stores); share it between runs.
     stores: Path | None = None
     #: The LLM call cache (default OUT/llm_cache.sqlite).
@@ -72,6 +84,12 @@ class RunOptions(StrictModel):
             self.systems = [*self.systems, "hybrid+consolidation"]
         if self.ks and not any(SYSTEMS[s].ranked and SYSTEMS[s].needs != "raw" for s in self.systems):
             raise ValueError("--k sweeps the memory systems; none is among --systems")
+        if self.sample is not None and self.limit is not None:
+            raise ValueError("--sample and --limit both choose questions; give one")
+        if self.judge_prompt != "mem0" and self.benchmark != "locomo":
+            raise ValueError("--judge-prompt applies to LoCoMo only (LongMemEval has a prompt per question type)")
+        if self.audited_gold is not None and self.benchmark != "locomo":
+            raise ValueError("--audited-gold applies to LoCoMo only")
         if self.include_adversarial and self.benchmark != "locomo":
             raise ValueError("--include-adversarial applies to LoCoMo only")
         return self

@@ -65,6 +65,11 @@ class QuestionRecord(StrictModel):
     judge_s: float | None = None
     verdict: Verdict | None = None
     judge_error: str | None = None
+    #: The gold after the audit (``--audited-gold``) and the judge's verdict against it (the same
+    #: verdict where the audit keeps the answer); None without an audit.
+    gold_audited: str | None = None
+    evidence_audited: list[str] | None = None
+    verdict_audited: Verdict | None = None
     metrics: dict[str, float | bool | None]
 
 
@@ -102,14 +107,22 @@ def question_metrics(
     recall_ks: Sequence[int],
     tuple_multiplier: int,
     turn_sessions: dict[str, str],
+    verdict_audited: Verdict | None = None,
 ) -> dict[str, float | bool | None]:
-    """Every per-question figure: None where it does not apply (aggregation leaves it out)."""
+    """Every per-question figure: None where it does not apply (aggregation leaves it out).
+    The ``*_audited`` figures score against the audited gold (None without an audit)."""
+    audited = question.evidence_audited is not None
     values: dict[str, float | bool | None] = {
         "judge_correct": None if verdict is None else verdict.correct,
+        "judge_correct_audited": None if verdict_audited is None else verdict_audited.correct,
         "f1_official": None,
         "f1": None,
+        "f1_audited": None,
         "bleu1": None,
         "evidence_recall": metrics.evidence_recall(context.turn_ids, question.evidence),
+        "evidence_recall_audited": (
+            metrics.evidence_recall(context.turn_ids, question.evidence_audited or []) if audited else None
+        ),
     }
     if prediction is not None:
         if benchmark == "locomo" and question.category_number is not None:
@@ -117,6 +130,8 @@ def question_metrics(
         if question.gold is not None and question.category_number != ADVERSARIAL:
             values["f1"] = metrics.f1_mem0(prediction, question.gold)
             values["bleu1"] = metrics.bleu1(prediction, question.gold)
+        if audited and question.gold_audited is not None and question.category_number != ADVERSARIAL:
+            values["f1_audited"] = metrics.f1_mem0(prediction, question.gold_audited)
     sessions = [turn_sessions[t] for item in context.ranked for t in item.turn_ids if t in turn_sessions]
     for k in recall_ks:
         values[f"evidence_recall@{k}"] = values[f"session_recall@{k}"] = None

@@ -25,10 +25,32 @@ from pathlib import Path
 from typing import Any
 
 from hybridmem_local.config import Config
-from hybridmem_local.eval.metrics import aggregate, bootstrap_interval
+from hybridmem_local.eval.metrics import aggregate, bootstrap_interval, paired_difference
 
 #: Per-question values averaged into rates (judge_accuracy averages ``judge_correct``).
-RATE_METRICS = ("judge_accuracy", "f1_official", "f1", "bleu1", "evidence_recall")
+RATE_METRICS = (
+    "judge_accuracy",
+    "f1_official",
+    "f1",
+    "bleu1",
+    "evidence_recall",
+    "judge_accuracy_audited",
+    "f1_audited",
+    "evidence_recall_audited",
+)
+#: Summary name → the per-question metric it averages, where they differ.
+_SOURCES = {"judge_accuracy": "judge_correct", "judge_accuracy_audited": "judge_correct_audited"}
+#: The differences the paper claims, as (system, baseline) by system name; each consolidated
+#: variant is compared with the hybrid system at the same k.
+PAIRED_COMPARISONS = (
+    ("hybrid", "episodic-only"),
+    ("hybrid", "relational-only"),
+    ("hybrid+consolidation", "hybrid"),
+    ("hybrid", "rag"),
+    ("fused", "hybrid"),
+)
+#: Metrics the paired differences are given for.
+PAIRED_METRICS = ("judge_accuracy", "judge_accuracy_audited", "f1", "evidence_recall")
 #: Per-question quantities averaged over the questions that have them.
 MEAN_FIELDS = {
     "context_tokens_mean": "context_tokens",
@@ -55,7 +77,7 @@ def _block(records: list[dict], recall_ks: Sequence[int]) -> dict[str, Any]:
     block: dict[str, Any] = {}
     intervals: dict[str, list[float] | None] = {}
     for name in (*RATE_METRICS, *recall_keys(recall_ks)):
-        source = "judge_correct" if name == "judge_accuracy" else name
+        source = _SOURCES.get(name, name)
         values = [r["metrics"].get(source) for r in records]
         block[name] = aggregate(values).overall.mean
         if name in RATE_METRICS:
@@ -98,6 +120,7 @@ def build_summary(
         for category in ordered_categories(r["category"] for r in mine):
             by_category[category] = _block([r for r in mine if r["category"] == category], recall_ks)
         systems[run["label"]] = {
+            "run_key": run.get("run_key"),
             "system": run["system"],
             "k": run["k"],
             "mcs": run["mcs"],
@@ -113,16 +136,47 @@ def build_summary(
         "retrieval_only": retrieval_only,
         "recall_ks": list(recall_ks),
         "systems": systems,
+        "differences": paired_differences(records, runs),
         "cost": cost,
         "counts": counts,
-        "consolidation": {name: _consolidation_totals(entries) for name, entries in sorted(consolidation.items())},
+        "consolidation": {name: consolidation_totals(entries) for name, entries in sorted(consolidation.items())},
         "judge_audit": judge_audit,
         "options": options,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
 
-def _consolidation_totals(entries: list[dict]) -> dict[str, Any]:
+def paired_differences(records: list[dict], runs: list[dict]) -> list[dict[str, Any]]:
+    """:data:`PAIRED_COMPARISONS` between the run's variants, over the questions both answered."""
+    by_question: dict[str, dict[str, dict]] = {}
+    for record in records:
+        by_question.setdefault(record["system"], {})[record["question_id"]] = record
+    out = []
+    for name, baseline in PAIRED_COMPARISONS:
+        for run in (r for r in runs if r["system"] == name):
+            base = next((r for r in runs if r["system"] == baseline and r["k"] == run["k"]), None)
+            if base is None or run["label"] not in by_question or base["label"] not in by_question:
+                continue
+            mine, theirs = by_question[run["label"]], by_question[base["label"]]
+            shared = sorted(set(mine) & set(theirs))
+            for metric in PAIRED_METRICS:
+                source = _SOURCES.get(metric, metric)
+                difference = paired_difference(
+                    [mine[q]["metrics"].get(source) for q in shared], [theirs[q]["metrics"].get(source) for q in shared]
+                )
+                if difference.n:
+                    out.append(
+                        {
+                            "system": run["label"],
+                            "baseline": base["label"],
+                            "metric": metric,
+                            **difference.model_dump(mode="json"),
+                        }
+                    )
+    return out
+
+
+def consolidation_totals(entries: list[dict]) -> dict[str, Any]:
     before = sum(e["memories_before"] for e in entries)
     after = sum(e["memories_after"] for e in entries)
     return {
@@ -135,6 +189,7 @@ def _consolidation_totals(entries: list[dict]) -> dict[str, Any]:
         "merges": sum(e["merges"] for e in entries),
         "deletions": sum(e["deletions"] for e in entries),
         "llm_requests": sum(e["llm_requests"] for e in entries),
+        "per_conversation": entries,
     }
 
 
@@ -145,11 +200,20 @@ def cost_summary(usage_rows: list[dict], config_hash: str, conversations: Sequen
     ``per_unit`` is requests per session (curation, consolidation) or per question.
     """
     conversation_ids = {c.conversation_id for c in conversations}
+    rows = [
+        r for r in usage_rows if r.get("config_hash") == config_hash and r.get("conversation_id") in conversation_ids
+    ]
+    return {
+        "phases": phase_totals(rows),
+        "invocations": len({r.get("started_at") for r in usage_rows if r.get("config_hash") == config_hash}),
+    }
+
+
+def phase_totals(usage_rows: Iterable[dict]) -> dict[str, dict[str, Any]]:
+    """``usage.jsonl`` rows summed per phase."""
     phases: dict[str, dict[str, Any]] = {}
     fields = ("requests", "cached", "failed", "prompt_tokens", "completion_tokens", "llm_s", "wall_s", "units")
     for row in usage_rows:
-        if row.get("config_hash") != config_hash or row.get("conversation_id") not in conversation_ids:
-            continue
         phase = phases.setdefault(row["phase"], dict.fromkeys(fields, 0))
         for name in fields:
             phase[name] += row.get(name, 0)
@@ -158,10 +222,7 @@ def cost_summary(usage_rows: list[dict], config_hash: str, conversations: Sequen
         phase["per_unit"] = phase["requests"] / phase["units"] if phase["units"] else None
         phase["llm_s"] = round(phase["llm_s"], 2)
         phase["wall_s"] = round(phase["wall_s"], 2)
-    return {
-        "phases": phases,
-        "invocations": len({r.get("started_at") for r in usage_rows if r.get("config_hash") == config_hash}),
-    }
+    return phases
 
 
 # --------------------------------------------------------------------------- manifest
@@ -179,7 +240,7 @@ def _git(*args: str) -> str | None:
 
 def _model_entry(name: str) -> dict[str, Any]:
     from hybridmem_local.errors import ModelRegistryError
-    from hybridmem_local.models.registry import load_manifest
+    from hybridmem_local.weights.manifest import load_manifest
 
     try:
         entry = load_manifest().find(name)
@@ -199,7 +260,10 @@ def build_manifest(
     embedder_model_id: str | None = None,
 ) -> dict[str, Any]:
     """What reproduces the run: versions, commit, config, models, prompts, seed, command line."""
+    import os
+
     import hybridmem_local
+    from hybridmem_local.llm.cpu_kernels import read_cpu_file
     from hybridmem_local.prompts import load_prompt, prompt_names
 
     judge = config.judge or config.llm
@@ -221,6 +285,10 @@ def build_manifest(
         "command_line": command,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        # Timings depend on the CPU: its model name and the cores this process could use.
+        "cpu": read_cpu_file().model,
+        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "llm_threads": config.llm.n_threads,
         "started_at": started.isoformat(timespec="seconds"),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -302,6 +370,9 @@ _TITLES = {
     "f1": "F1",
     "bleu1": "BLEU-1",
     "evidence_recall": "evidence recall",
+    "judge_accuracy_audited": "judge (audited gold)",
+    "f1_audited": "F1 (audited gold)",
+    "evidence_recall_audited": "evidence recall (audited)",
     "context_tokens_mean": "context tok",
     "prompt_tokens_mean": "prompt tok",
     "answer_latency_s_mean": "answer s",
@@ -363,6 +434,27 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
         ]
         rows.append(["**overall**", *(_cell(systems[s]["overall"], metric) for s in systems)])
         lines += _table(["category", *systems], rows)
+    if summary.get("differences"):
+        lines += [
+            "## Paired differences",
+            "",
+            "The same questions answered by both systems; in parentheses the paired bootstrap 95% interval "
+            "(an interval that excludes 0 is a difference the sample decides).",
+            "",
+        ]
+        lines += _table(
+            ["system − baseline", "metric", "questions", "difference (points)"],
+            [
+                [
+                    f"{d['system']} − {d['baseline']}",
+                    _TITLES.get(d["metric"], d["metric"]),
+                    str(d["n"]),
+                    f"{100 * d['difference']:+.1f}"
+                    + ("" if d["ci95"] is None else f" ({100 * d['ci95'][0]:+.1f} to {100 * d['ci95'][1]:+.1f})"),
+                ]
+                for d in summary["differences"]
+            ],
+        )
     if summary["consolidation"]:
         lines += ["## Consolidation", ""]
         lines += _table(
@@ -415,20 +507,90 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
                 for name, p in phases.items()
             ],
         )
+    if summary.get("judge_prompts"):
+        lines += [
+            "## The judge's error rates, per prompt",
+            "",
+            "Over the whole sample: planted wrong answers (another question's gold answer) it accepts, "
+            "and gold answers reworded without changing their meaning it rejects; 95% intervals.",
+            "",
+        ]
+        lines += _table(
+            ["prompt", "false accepts", "false rejects"],
+            [
+                [
+                    prompt,
+                    _rate(a, "accepted", "false_accept_rate"),
+                    _rate(a["reworded"], "rejected", "false_reject_rate"),
+                ]
+                for prompt, a in summary["judge_prompts"].items()
+            ],
+        )
+    precision = summary.get("memory_precision")
+    if precision and precision["labelled"]:
+        low, high = precision["ci95"]
+        lines += [
+            "## Memory precision",
+            "",
+            f"{precision['labelled']} curated memories drawn at random, each read beside the turns it cites: "
+            f"{100 * precision['precision']:.0f}% right ({100 * low:.0f}–{100 * high:.0f}).",
+            "",
+        ]
+        lines += _table(["class", "memories"], [[name, str(n)] for name, n in precision["labels"].items()])
+        lines += [
+            f"The subject check (a memory about someone who neither speaks nor is named in a turn it cites) flags "
+            f"{precision['check_flags_wrong_speaker']} wrong-speaker memories, {precision['check_flags_right']} "
+            f"right ones and {precision['check_flags_other_wrong']} other wrong ones.",
+            "",
+        ]
+    if summary.get("shards"):
+        lines += ["## Shards", ""]
+        lines += _table(
+            ["shard", "questions", "wall s", "by phase (s)", "CPU", "commit"],
+            [
+                [
+                    s["folder"],
+                    str(s["questions"]),
+                    f"{s['wall_s']:.0f}",
+                    ", ".join(f"{p} {t:.0f}" for p, t in s["wall_s_by_phase"].items()),
+                    str(s.get("cpu")),
+                    str(s.get("git_commit"))[:10],
+                ]
+                for s in summary["shards"]
+            ],
+        )
     lines += ["## Counts", ""]
     lines += [f"- {name.replace('_', ' ')}: {json.dumps(value)}" for name, value in counts.items()]
     return "\n".join(lines) + "\n"
 
 
+def _rate(block: dict[str, Any], errors: str, rate: str) -> str:
+    if not block.get("judged"):
+        return "–"
+    low, high = block["ci95"]
+    return f"{block[errors]} of {block['judged']}: {100 * block[rate]:.1f}% ({100 * low:.1f}–{100 * high:.1f})"
+
+
 def _audit_lines(audit: dict[str, Any] | None) -> list[str]:
-    if not audit or not audit["judged"]:
+    if not audit:
         return []
-    low, high = audit["ci95"]
-    return [
-        f"- judge false-accept rate: {100 * audit['false_accept_rate']:.1f}% ({100 * low:.1f}–{100 * high:.1f}) of "
-        f"{audit['judged']} planted wrong answers (another question's gold answer about the same conversation) "
-        f"were labelled CORRECT; judge accuracy overstates by up to that share of the wrong answers"
-    ]
+    lines = []
+    if audit["judged"]:
+        low, high = audit["ci95"]
+        lines.append(
+            f"- judge false-accept rate: {100 * audit['false_accept_rate']:.1f}% ({100 * low:.1f}–{100 * high:.1f}) "
+            f"of {audit['judged']} planted wrong answers (another question's gold answer about the same "
+            f"conversation) were labelled CORRECT; judge accuracy overstates by up to that share of the wrong answers"
+        )
+    reworded = audit.get("reworded") or {}
+    if reworded.get("judged"):
+        low, high = reworded["ci95"]
+        lines.append(
+            f"- judge false-reject rate: {100 * reworded['false_reject_rate']:.1f}% ({100 * low:.1f}–{100 * high:.1f}) "
+            f"of {reworded['judged']} gold answers reworded without changing their meaning (a date written "
+            f"another way, a list reordered, the answer in a sentence) were labelled WRONG"
+        )
+    return lines
 
 
 # --------------------------------------------------------------------------- plots

@@ -50,7 +50,14 @@ from hybridmem_local.errors import ConfigError, DatasetError, InvalidInputError
 from hybridmem_local.eval.accounting import PHASES, MeteredLLM, PhaseUsage
 from hybridmem_local.eval.benchmarks import load_benchmark
 from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
-from hybridmem_local.eval.judge_audit import JUDGE_AUDIT, plant_answers, summarise_audit
+from hybridmem_local.eval.judge_audit import (
+    JUDGE_AUDIT,
+    PLANTED,
+    REWORDED,
+    plant_answers,
+    reword_answers,
+    summarise_audit,
+)
 from hybridmem_local.eval.locomo import ADVERSARIAL
 from hybridmem_local.eval.options import RunOptions, SystemRun, system_runs
 from hybridmem_local.eval.records import (
@@ -66,6 +73,8 @@ from hybridmem_local.eval.systems import (
     SYSTEMS,
     EvalConversation,
     EvalQuestion,
+    FullContextSystem,
+    RetrievalSystem,
     SystemContext,
     SystemSettings,
     build_system,
@@ -206,7 +215,7 @@ class _Run:
                 self.progress.advance(conversations_task)
             audit = (
                 None
-                if options.retrieval_only or not options.judge_audit
+                if options.retrieval_only or not (options.judge_audit or options.judge_rewordings)
                 else self._judge_audit(benchmark.conversations)
             )
         finally:
@@ -220,7 +229,7 @@ class _Run:
         ]
         summary = report.build_summary(
             records=records,
-            runs=[run.model_dump() for run in self.runs],
+            runs=[{**run.model_dump(), "run_key": self.keys[run.label]} for run in self.runs],
             benchmark=options.benchmark,
             recall_ks=options.recall_ks,
             retrieval_only=options.retrieval_only,
@@ -258,6 +267,8 @@ class _Run:
             "max_sessions": options.max_sessions,
             "rag_budget": options.rag_budget,
             "recall_ks": options.recall_ks,
+            "audited_gold": options.audited_gold is not None,
+            "judge_prompt": options.judge_prompt,
         }
         return hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
@@ -300,7 +311,7 @@ class _Run:
             selected = {s.session_id for s in conversation.sessions}
             extra = [
                 r.session.session_id
-                for r in memory.store.sessions.select(conversation.namespace)
+                for r in memory.sessions(conversation.namespace)
                 if r.session.session_id not in selected
             ]
             if extra:
@@ -332,7 +343,7 @@ class _Run:
         namespace = conversation.namespace
         retry = self.options.retry_failed and not self.options.retrieval_only
         statuses = ["pending"] + (["curation_failed"] if retry else [])
-        pending = [r for status in statuses for r in memory.store.sessions.select(namespace, status)]
+        pending = [r for status in statuses for r in memory.sessions(namespace, status)]
         if pending and wanted and not self.options.retrieval_only:
             started = time.perf_counter()
             task = self.progress.add_task(f"curating {namespace}", total=len(pending))
@@ -346,14 +357,12 @@ class _Run:
             usage.wall_s = time.perf_counter() - started
             usage.units = len(pending)
             self._record_usage("curation", usage, conversation.conversation_id)
-            pending = list(memory.store.sessions.select(namespace, "pending"))
+            pending = memory.sessions(namespace, "pending")
             self.console.print(
                 f"{conversation.conversation_id}: curated {usage.units} sessions with {usage.requests} LLM requests "
                 f"({usage.model_calls} to the model) in {usage.wall_s:.0f}s"
             )
-        self.curation_failed[conversation.conversation_id] = sum(
-            1 for _ in memory.store.sessions.select(namespace, "curation_failed")
-        )
+        self.curation_failed[conversation.conversation_id] = len(memory.sessions(namespace, "curation_failed"))
         return not pending
 
     def _memory_for(
@@ -378,9 +387,9 @@ class _Run:
         self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation, opened: list
     ) -> HybridMemory | None:
         """A copy of the curated store consolidated at ``run.mcs``, made once and reused while the
-        curated store stays as it was (its fingerprint is kept beside the copy)."""
-        from hybridmem_local.consolidation.planner import ConsolidationReport
+        curated store stays as it was (its counts are kept beside the copy)."""
         from hybridmem_local.memory import HybridMemory
+        from hybridmem_local.results import ConsolidationReport
 
         namespace = conversation.namespace
         path = self.options.stores_dir / f"{namespace}.consolidated-mcs{run.mcs}.db"
@@ -390,7 +399,7 @@ class _Run:
         config = self.config.model_copy(deep=True)
         config.consolidation.hdbscan.min_cluster_size = run.mcs
         usage = PhaseUsage()
-        base = list(memory.store.fingerprint(namespace))
+        base = memory.stats(namespace).counts  # what curation stored; changes when it stores more
         made_from = json.loads(marker.read_text(encoding="utf-8"))["base"] if marker.exists() else None
         if made_from != base:
             if self.options.retrieval_only:
@@ -492,6 +501,7 @@ class _Run:
                 retrieval.wall_s += time.perf_counter() - began
                 retrieval.units += len(batch)
                 answers: list[Answer | None] = [None] * len(batch)
+                audited: list[Verdict | None] = [None] * len(batch)
                 verdicts: list[tuple[Verdict | None, str | None, float | None]] = [(None, None, None)] * len(batch)
                 if judge_llm is not None:  # None: retrieval only
                     began = time.perf_counter()
@@ -513,11 +523,12 @@ class _Run:
                     began = time.perf_counter()
                     answers = list(answered)
                     verdicts = self._judge(judge_llm, conversation.namespace, batch, [a.answer for a in answered])
+                    audited = self._judge_audited(judge_llm, conversation.namespace, batch, answers, verdicts)
                     judging.wall_s += time.perf_counter() - began
                     judging.units += len(batch)
                 records = [
-                    self._record(run, key, conversation, q, c, s, a, v, system.ranked, turn_sessions)
-                    for q, c, s, a, v in zip(batch, contexts, seconds, answers, verdicts, strict=True)
+                    self._record(run, key, conversation, q, c, s, a, v, va, system, turn_sessions)
+                    for q, c, s, a, v, va in zip(batch, contexts, seconds, answers, verdicts, audited, strict=True)
                 ]
                 append_jsonl(predictions, records)
                 self.progress.advance(task, len(batch))
@@ -552,6 +563,7 @@ class _Run:
                     self.options.benchmark,
                     question.category,
                     abstention=question.abstention,
+                    locomo_judge=self.options.judge_prompt,
                 ).model_copy(update={"tag": namespace})
             )
             positions.append(i)
@@ -563,51 +575,106 @@ class _Run:
                 out[i] = (Verdict(label=verdict.label, reasoning=verdict.reasoning), None, result.latency_s)
         return out
 
+    def _judge_audited(
+        self,
+        llm: StructuredLLM,
+        namespace: str,
+        batch: list[EvalQuestion],
+        answers: list[Answer | None],
+        verdicts: list[tuple[Verdict | None, str | None, float | None]],
+    ) -> list[Verdict | None]:
+        """The verdict against the audited gold: the original one where the audit keeps the
+        answer, one more judge call where it changes it; None without an audit."""
+        out: list[Verdict | None] = []
+        changed = []
+        for i, (question, (verdict, _, _)) in enumerate(zip(batch, verdicts, strict=True)):
+            if question.evidence_audited is None or question.category_number == ADVERSARIAL:
+                out.append(None)
+            elif question.gold_audited == question.gold:
+                out.append(verdict)
+            else:
+                out.append(None)
+                changed.append(i)
+        texts = ["" if answer is None else answer.answer for answer in answers]
+        regraded = self._judge(
+            llm,
+            namespace,
+            [batch[i].model_copy(update={"gold": batch[i].gold_audited}) for i in changed],
+            [texts[i] for i in changed],
+        )
+        for i, (verdict, _, _) in zip(changed, regraded, strict=True):
+            out[i] = verdict
+        return out
+
     def _judge_audit(self, conversations: list[EvalConversation]) -> dict[str, Any]:
-        """Grade planted wrong answers (``judge_audit.py``); rows already in ``judge_audit.jsonl``
-        under this config and these prompts are reused, so a rerun asks the judge nothing."""
+        """Grade planted wrong answers and reworded gold answers (``judge_audit.py``); rows already
+        in ``judge_audit.jsonl`` under this config and these prompts are reused, so a rerun asks
+        the judge nothing."""
         path = self.options.out / JUDGE_AUDIT
         key = hashlib.sha256(
             json.dumps(
-                {"config": self.config_hash, "prompts": [load_prompt(n).version for n in prompt_names()]},
+                {
+                    "config": self.config_hash,
+                    "prompts": [load_prompt(n).version for n in prompt_names()],
+                    "judge_prompt": self.options.judge_prompt,
+                },
                 sort_keys=True,
             ).encode("utf-8")
         ).hexdigest()[:16]
-        planted = plant_answers(conversations, self.options.judge_audit, seed=self.config.llm.seed)
-        known = {(r["question_id"], r["planted"]): r for r in read_records(path) if r.get("audit_key") == key}
-        todo = [p for p in planted if (p.question_id, p.planted) not in known]
+        seed = self.config.llm.seed
+        graded = [
+            (PLANTED, p.question_id, p.question, p.gold, p.category, p.planted, p.model_dump())
+            for p in plant_answers(conversations, self.options.judge_audit, seed=seed)
+        ] + [
+            (REWORDED, r.question_id, r.question, r.gold, r.category, r.reworded, r.model_dump())
+            for r in reword_answers(conversations, self.options.judge_rewordings, seed=seed)
+        ]
+        known = {
+            (r.get("kind", PLANTED), r["question_id"], r.get("reworded", r.get("planted"))): r
+            for r in read_records(path)
+            if r.get("audit_key") == key
+        }
+        todo = [g for g in graded if (g[0], g[1], g[5]) not in known]
         usage = PhaseUsage()
         if todo:
             judge = MeteredLLM(self.models.judge, usage)
             started = time.perf_counter()
             requests = [
-                build_judge_request(p.question, p.gold, p.planted, self.options.benchmark, p.category).model_copy(
-                    update={"tag": "judge-audit"}
-                )
-                for p in todo
+                build_judge_request(
+                    question, gold, answer, self.options.benchmark, category, locomo_judge=self.options.judge_prompt
+                ).model_copy(update={"tag": "judge-audit"})
+                for _, _, question, gold, category, answer, _ in todo
             ]
             rows = []
-            for p, result in zip(todo, judge.generate(requests), strict=True):
+            for (kind, _, _, _, _, _, fields), result in zip(todo, judge.generate(requests), strict=True):
                 verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
                 rows.append(
                     {
                         "audit_key": key,
-                        **p.model_dump(),
+                        "kind": kind,
+                        **fields,
                         "label": None if verdict is None else verdict.label,
                         "reasoning": None if verdict is None else verdict.reasoning,
                         "judge_error": None if verdict is not None else result.error or "reply is not a JudgeVerdict",
                     }
                 )
             append_jsonl(path, rows)
-            known.update({(r["question_id"], r["planted"]): r for r in rows})
+            known.update({(r["kind"], r["question_id"], r.get("reworded", r.get("planted"))): r for r in rows})
             usage.wall_s, usage.units = time.perf_counter() - started, len(todo)
             self._record_usage("judge_audit", usage, conversations[0].conversation_id)
-        records = [known[(p.question_id, p.planted)] for p in planted]
-        audit = summarise_audit(records, self.models.judge_model_id())
+        audit = {
+            "audit_key": key,
+            **summarise_audit([known[(g[0], g[1], g[5])] for g in graded], self.models.judge_model_id()),
+        }
         if audit["judged"]:
             self.console.print(
                 f"judge audit: {audit['accepted']} of {audit['judged']} planted wrong answers accepted "
                 f"({100 * audit['false_accept_rate']:.1f}% false accepts)"
+            )
+        if audit[REWORDED]["judged"]:
+            self.console.print(
+                f"judge audit: {audit[REWORDED]['rejected']} of {audit[REWORDED]['judged']} reworded gold answers "
+                f"rejected ({100 * audit[REWORDED]['false_reject_rate']:.1f}% false rejects)"
             )
         return audit
 
@@ -621,7 +688,8 @@ class _Run:
         retrieval_s: float,
         answer: Answer | None,
         judged: tuple[Verdict | None, str | None, float | None],
-        ranked: bool,
+        verdict_audited: Verdict | None,
+        system: RetrievalSystem | FullContextSystem,
         turn_sessions: dict[str, str],
     ) -> QuestionRecord:
         verdict, judge_error, judge_s = judged
@@ -639,11 +707,11 @@ class _Run:
             evidence=question.evidence,
             prediction=prediction,
             answer_mode=None if answer is None else answer.mode,
-            evidence_turns=self.config.answering.evidence_turns,
+            evidence_turns=system.evidence_turns,
             answer_error=None if answer is None else answer.error,
             cited=[] if answer is None else answer.citations,
             cited_memory_ids=[] if answer is None else answer.cited_memory_ids,
-            retrieved=context.ranked if ranked else [],
+            retrieved=context.ranked if system.ranked else [],
             context_turns=len(context.turn_ids),
             context_tokens=context.tokens,
             context_truncated=context.truncated,
@@ -654,16 +722,20 @@ class _Run:
             judge_s=None if judge_s is None else round(judge_s, 4),
             verdict=verdict,
             judge_error=judge_error,
+            gold_audited=question.gold_audited if question.evidence_audited is not None else None,
+            evidence_audited=question.evidence_audited,
+            verdict_audited=verdict_audited,
             metrics=question_metrics(
                 self.options.benchmark,
                 question,
                 context,
                 prediction,
                 verdict,
-                ranked,
+                system.ranked,
                 self.options.recall_ks,
                 self.config.retrieval.tuple_multiplier,
                 turn_sessions,
+                verdict_audited,
             ),
         )
 
@@ -673,9 +745,9 @@ def copy_store(memory: HybridMemory, path: Path) -> None:
     earlier copy and its indexes (which rebuild from the copy, vectors from its embedding cache)."""
     import shutil
 
-    from hybridmem_local.storage.rekey import indexes_path, llm_cache_path
+    from hybridmem_local.storage.paths import indexes_path, llm_cache_path
 
     for stale in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm"), llm_cache_path(path)):
         stale.unlink(missing_ok=True)
     shutil.rmtree(indexes_path(path), ignore_errors=True)
-    memory.store.backup_to(path)
+    memory.backup(path)

@@ -10,6 +10,8 @@ only in what the answer model is shown:
 ``relational-only``         top-2k tuples (appendix D)
 ``full-context``            the whole history as raw turns under session dates, cut to the
                             answer model's context keeping the most recent turns
+``fused``                   the library default: memories and raw-turn windows fused (dense +
+                            BM25) into 2,048 tokens, whatever the run's ``retrieval`` section
 ``rag``                     raw-turn evidence windows (``indexes/windows.py``) filling a token budget
                             (paper: RAG-4096)
 ==========================  ==================================================================
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import AwareDatetime, Field
 
 from hybridmem_local.answering.context import format_context
-from hybridmem_local.config import Config, RetrievalConfig, SearchSource
+from hybridmem_local.config import AnsweringConfig, Config, RetrievalConfig, SearchSource
 from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.indexes.windows import with_source_turns
 from hybridmem_local.retrieval.retriever import Retriever
@@ -74,6 +76,10 @@ class EvalQuestion(StrictModel):
     #: Sessions holding the answer (LongMemEval session recall).
     answer_session_ids: list[str] = Field(default_factory=list)
     question_date: AwareDatetime | None = None
+    #: The answer and evidence after an audit of the gold (``eval/audited_gold.py``); None
+    #: without one. Equal to ``gold`` / ``evidence`` where the audit keeps them.
+    gold_audited: str | None = None
+    evidence_audited: list[str] | None = None
 
 
 class EvalConversation(StrictModel):
@@ -161,6 +167,8 @@ class RetrievalSystem:
         update: dict = {} if self.sources is None else {"sources": list(self.sources)}
         self.retrieval: RetrievalConfig = retrieval.model_copy(update=update)
         self.budget: int | None = self.retrieval.context_budget
+        #: Each memory shown with its source turns (``answering.evidence_turns``).
+        self.evidence_turns = settings.config.answering.evidence_turns
         self._retriever: Retriever | None = None
         self._store: MemoryStore | None = None
         self._namespace = ""
@@ -187,7 +195,7 @@ class RetrievalSystem:
             depth,
             candidates=self.budget is not None,
         )
-        if self.settings.config.answering.evidence_turns:
+        if self.evidence_turns:
             result = with_source_turns(self._store, result)
         budget_set = self.budget
         selected = _cut(result, shown_limits) if budget_set is None else result
@@ -241,6 +249,22 @@ class RelationalOnlySystem(RetrievalSystem):
     sources = ["tuples"]
 
 
+class FusedSystem(RetrievalSystem):
+    """The library's default selection, whatever the run's ``retrieval`` and
+    ``answering.evidence_turns`` say: curated memories and raw-turn windows fused (dense + BM25)
+    into a 2,048-token context, each memory with its source turns (the defaults of
+    :class:`RetrievalConfig` and :class:`AnsweringConfig`), so one run compares it with the
+    paper's systems."""
+
+    name = "fused"
+
+    def __init__(self, settings: SystemSettings):
+        super().__init__(settings)
+        self.retrieval = RetrievalConfig()
+        self.budget = self.retrieval.context_budget
+        self.evidence_turns = AnsweringConfig().evidence_turns
+
+
 class RagSystem(RetrievalSystem):
     """Raw-turn evidence windows, taken in rank order until ``rag_budget`` tokens are full.
 
@@ -274,6 +298,7 @@ class FullContextSystem:
 
     def __init__(self, settings: SystemSettings):
         self.settings = settings
+        self.evidence_turns = settings.config.answering.evidence_turns  # as recorded; it shows no memories
         self._lines: list[tuple[str | None, str]] = []  # (turn id or None for a header, line)
         self._by_limit: dict[int, SystemContext] = {}  # questions differ in length, rarely in limit
 
@@ -338,6 +363,7 @@ SYSTEMS: dict[str, type[RetrievalSystem] | type[FullContextSystem]] = {
         ConsolidatedHybridSystem,
         EpisodicOnlySystem,
         RelationalOnlySystem,
+        FusedSystem,
         FullContextSystem,
         RagSystem,
     )

@@ -41,7 +41,7 @@ from hybridmem_local.indexes.windows import WINDOW_KIND, WindowSet
 from hybridmem_local.schema import EvidenceWindow, MemoryKind
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.embedding_cache import text_hash
-from hybridmem_local.storage.rekey import indexes_path
+from hybridmem_local.storage.paths import indexes_path
 from hybridmem_local.storage.store import MemoryStore
 
 log = logging.getLogger(__name__)

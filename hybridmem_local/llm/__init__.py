@@ -46,16 +46,16 @@ def build_llm(
     (encrypted with ``cache_keys``, the store's keys, when the store is).
 
     Local backends load ``model_path`` when given, else ``config.path``, else the manifest
-    entry named ``config.model`` (see ``hybridmem_local.models.registry``).
+    entry named ``config.model`` (see ``hybridmem_local.weights.resolve``).
     """
     if config.backend in SERVER_BACKENDS:
         llm: StructuredLLM = SERVER_BACKENDS[config.backend](config)
     else:
-        from hybridmem_local.models.offline import enforce_offline
+        from hybridmem_local.weights.offline import enforce_offline
 
         enforce_offline()  # before any engine import: hub libraries read the variables at import
         if model_path is None:
-            from hybridmem_local.models.registry import resolve_model
+            from hybridmem_local.weights.resolve import resolve_model
 
             model_path = resolve_model(config.model, explicit_path=config.path).path
         llm = LOCAL_BACKENDS[config.backend](config, Path(model_path))

@@ -21,7 +21,7 @@ Three levers, each switchable for the benchmark (``scripts/bench_llm_throughput.
 
 Each sequence has its own llguidance matcher, so each reply is constrained by its own schema.
 Greedy replies are the same whatever the levers as long as llama.cpp computes a token's row
-with the same bits in any batch: true of SmolLM2's kernels (tests/test_llm_llamacpp.py), not of
+with the same bits in any batch: true of SmolLM2's kernels (tests/llm/test_llamacpp.py), not of
 the repacked Q4_K kernels of the Qwen2.5-Coder models, where the batch's shape (its rows, how
 they split between threads) changes a row's last bits and a near-tie can then go the other way.
 Their replies differ now and then, as every batching engine's do; docs/benchmarks.md §14

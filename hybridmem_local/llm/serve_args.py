@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the installed vLLM build's)")
     options = parser.parse_args(argv)
     config = load_config(options.config).llm
-    from hybridmem_local.models.registry import resolve_model
+    from hybridmem_local.weights.resolve import resolve_model
 
     model_path = resolve_model(config.model, explicit_path=config.path).path
     device = options.device

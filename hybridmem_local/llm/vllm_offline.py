@@ -35,7 +35,7 @@ real engine showed that the stand-in did not, and how this module handles it:
 vLLM's CPU platform starts its engine with the multiprocessing *spawn* method: a script that
 builds this backend needs an ``if __name__ == "__main__":`` guard (the ``hybridmem`` console
 script has one). Not exercised here: a GPU, tensor/pipeline parallelism, Ray, Qwen3's reasoning
-parser (tests/test_llm_vllm.py covers those against a stand-in module).
+parser (tests/llm/test_vllm.py covers those against a stand-in module).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@
   ownership checks, paging and limits, over ``HybridMemory``.
 * ``app.create_app`` — the HTTP API (FastAPI: the Guard, and the routers of ``routes``);
   ``mcp_server`` — the MCP tools; ``errors`` — every error answer by its stable code.
+* ``schemas`` — the limits, argument types and bodies the routes, the tools and the client
+  (``client.HybridMemoryClient``) share, declared once.
 
 Importing this package is cheap; FastAPI and the MCP SDK load only with ``app`` / ``mcp_server``.
 """

@@ -35,14 +35,21 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, TypeAdapter
-from pydantic_core import to_jsonable_python
+from pydantic import BaseModel, TypeAdapter
 
-from hybridmem_local.answering.answerer import Answer
-from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
 from hybridmem_local.errors import ERROR_CODES, HybridMemError, InvalidInputError, RateLimitedError
 from hybridmem_local.files.paths import owner_only_opener
-from hybridmem_local.memory import Stats
+from hybridmem_local.results import (
+    Answer,
+    ConsolidationReport,
+    Event,
+    Redaction,
+    RedactionStatus,
+    SearchResult,
+    SessionRecord,
+    Stats,
+    UndoReport,
+)
 from hybridmem_local.schema import (
     Episode,
     EpisodeDraft,
@@ -50,16 +57,30 @@ from hybridmem_local.schema import (
     MemoryStatus,
     Message,
     RelationalTuple,
-    SearchResult,
     Session,
-    SessionRecord,
     TupleDraft,
     check_namespace,
     check_page,
 )
-from hybridmem_local.service.models import MAX_BATCH, MAX_PAGE, MemoryOut
-from hybridmem_local.storage.events import Event
-from hybridmem_local.storage.redactions import Redaction, RedactionStatus
+from hybridmem_local.service.schemas import (
+    MAX_BATCH,
+    MAX_PAGE,
+    AskIn,
+    ConsolidateIn,
+    ErrorResponse,
+    ForgetReport,
+    ListQuery,
+    MemoriesAdded,
+    MemoriesIn,
+    MemoryOut,
+    MemoryPage,
+    MessagesAccepted,
+    MessagesIn,
+    SearchIn,
+    SessionAccepted,
+    SessionBatchIn,
+    SessionIn,
+)
 
 #: ``list`` without a limit pages through at the server's largest page.
 PAGE_SIZE = MAX_PAGE
@@ -67,48 +88,7 @@ PAGE_SIZE = MAX_PAGE
 _MEMORY = TypeAdapter(MemoryOut)
 _EVENTS = TypeAdapter(list[Event])
 _REDACTIONS = TypeAdapter(list[Redaction])
-
-
-class _ErrorBody(BaseModel):
-    code: str
-    message: str
-
-
-class _ErrorResponse(BaseModel):
-    error: _ErrorBody
-
-
-class _SessionAccepted(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    curation_status: str
-
-
-class _MessagesAccepted(_SessionAccepted):
-    session_id: str
-    started_at: datetime
-
-
-class _MemoriesAdded(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    ids: list[int]
-
-
-class _MemoryPage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    items: list[MemoryOut]
-    next_offset: int | None
-
-
-class _ForgetReport(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    removed: dict[str, int]
-
-
-_SESSIONS_ACCEPTED = TypeAdapter(list[_SessionAccepted])
+_SESSIONS_ACCEPTED = TypeAdapter(list[SessionAccepted])
 
 
 class HybridMemoryClient:
@@ -132,8 +112,12 @@ class HybridMemoryClient:
     # ------------------------------------------------------------------ plumbing
 
     def _request(
-        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None
+        self, method: str, path: str, *, body: BaseModel | None = None, params: dict[str, Any] | None = None
     ) -> httpx.Response:
+        """``body``: one of the request models the routes parse (service/schemas.py), sent as JSON.
+        Each is built with ``model_construct``: the server validates it and refuses with its own
+        error code, the same answer any other client gets."""
+        json = None if body is None else body.model_dump(mode="json")
         response = self._http.request(method, path, json=json, params=params)
         if response.is_error:
             raise _error(response)
@@ -153,10 +137,8 @@ class HybridMemoryClient:
 
     def add_session(self, session: Session) -> SessionRecord:
         """Store the session's raw turns and queue it for curation by the server's worker."""
-        body = session.model_dump(mode="json", exclude={"namespace"})
-        accepted = _SessionAccepted.model_validate(
-            self._request("POST", f"{self._ns(session.namespace)}/sessions", json=body).json()
-        )
+        path = f"{self._ns(session.namespace)}/sessions"
+        accepted = SessionAccepted.model_validate(self._request("POST", path, body=_session_in(session)).json())
         return SessionRecord(session=session, curation_status=accepted.curation_status)
 
     def enqueue(self, sessions: Sequence[Session]) -> list[SessionRecord]:
@@ -169,9 +151,9 @@ class HybridMemoryClient:
         for namespace, positions in by_namespace.items():
             for start in range(0, len(positions), MAX_BATCH):
                 chunk = positions[start : start + MAX_BATCH]
-                body = {"sessions": [sessions[i].model_dump(mode="json", exclude={"namespace"}) for i in chunk]}
+                body = SessionBatchIn.model_construct(sessions=[_session_in(sessions[i]) for i in chunk])
                 accepted = _SESSIONS_ACCEPTED.validate_python(
-                    self._request("POST", f"{self._ns(namespace)}/sessions/batch", json=body).json()
+                    self._request("POST", f"{self._ns(namespace)}/sessions/batch", body=body).json()
                 )
                 for i, answer in zip(chunk, accepted, strict=True):
                     records[i] = SessionRecord(session=sessions[i], curation_status=answer.curation_status)
@@ -180,9 +162,9 @@ class HybridMemoryClient:
     def add_messages(self, namespace: str, messages: Sequence[Message], session_id: str | None = None) -> SessionRecord:
         """Chat messages (``{role, content}``) stored as a session dated now (by the server's
         clock), the speaker from the role, and queued for curation."""
-        body = {"messages": [m.model_dump(mode="json") for m in messages], "session_id": session_id}
-        accepted = _MessagesAccepted.model_validate(
-            self._request("POST", f"{self._ns(namespace)}/messages", json=body).json()
+        body = MessagesIn.model_construct(messages=list(messages), session_id=session_id)
+        accepted = MessagesAccepted.model_validate(
+            self._request("POST", f"{self._ns(namespace)}/messages", body=body).json()
         )
         # The server built the session by the same rule: rebuilt here from its id and date.
         session = Session.from_messages(namespace, messages, accepted.session_id, accepted.started_at)
@@ -201,13 +183,11 @@ class HybridMemoryClient:
         self, namespace: str, episodes: Iterable[EpisodeDraft] = (), tuples: Iterable[TupleDraft] = ()
     ) -> list[int]:
         """Store memories as given (no curation); returns their ids."""
-        body = {
-            # Stored memories (Episode, RelationalTuple) are drafts too: only the draft fields travel.
-            "episodes": [e.model_dump(mode="json", include=set(EpisodeDraft.model_fields)) for e in episodes],
-            "tuples": [t.model_dump(mode="json", include=set(TupleDraft.model_fields)) for t in tuples],
-        }
-        return _MemoriesAdded.model_validate(
-            self._request("POST", f"{self._ns(namespace)}/memories", json=body).json()
+        # Stored memories (Episode, RelationalTuple) are drafts too: serialized as the body's
+        # draft type, only the draft fields travel.
+        body = MemoriesIn.model_construct(episodes=list(episodes), tuples=list(tuples))
+        return MemoriesAdded.model_validate(
+            self._request("POST", f"{self._ns(namespace)}/memories", body=body).json()
         ).ids
 
     def delete(self, memory_id: int, reason: str = "deleted by user", *, namespace: str | None = None) -> None:
@@ -217,12 +197,13 @@ class HybridMemoryClient:
 
     def forget(self, namespace: str) -> dict[str, int]:
         """Remove every trace of a namespace (admin key)."""
-        return _ForgetReport.model_validate(self._request("DELETE", self._ns(namespace)).json()).removed
+        return ForgetReport.model_validate(self._request("DELETE", self._ns(namespace)).json()).removed
 
     # ------------------------------------------------------------------ consolidation (admin key)
 
     def consolidate(self, namespace: str, dry_run: bool = False) -> ConsolidationReport:
-        response = self._request("POST", f"{self._ns(namespace)}/consolidate", json={"dry_run": dry_run})
+        body = ConsolidateIn.model_construct(dry_run=dry_run)
+        response = self._request("POST", f"{self._ns(namespace)}/consolidate", body=body)
         return ConsolidationReport.model_validate(response.json())
 
     def undo(self, run_id: int, *, namespace: str | None = None) -> UndoReport:
@@ -257,15 +238,22 @@ class HybridMemoryClient:
         until: date | datetime | None = None,
         min_score: float | None = None,
     ) -> SearchResult:
-        body = {"query": query, "k": k, "kinds": kinds, "since": since, "until": until, "min_score": min_score}
-        response = self._request("POST", f"{self._ns(namespace)}/search", json=to_jsonable_python(body))
+        body = SearchIn.model_construct(
+            query=query,
+            k=k,
+            kinds=None if kinds is None else list(kinds),
+            since=since,
+            until=until,
+            min_score=min_score,
+        )
+        response = self._request("POST", f"{self._ns(namespace)}/search", body=body)
         return SearchResult.model_validate(response.json())
 
     def answer(
         self, question: str, namespace: str = "default", question_date: datetime | None = None, k: int | None = None
     ) -> Answer:
-        body = {"question": question, "question_date": question_date.isoformat() if question_date else None, "k": k}
-        return Answer.model_validate(self._request("POST", f"{self._ns(namespace)}/ask", json=body).json())
+        body = AskIn.model_construct(question=question, question_date=question_date, k=k)
+        return Answer.model_validate(self._request("POST", f"{self._ns(namespace)}/ask", body=body).json())
 
     def get(self, memory_id: int, *, namespace: str | None = None) -> Episode | RelationalTuple:
         path = f"{self._ns(namespace, 'memory ids')}/memories/{int(memory_id)}"
@@ -307,10 +295,11 @@ class HybridMemoryClient:
         next_offset: int | None = offset
         while next_offset is not None and (limit is None or len(out) < limit):
             size = PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - len(out))
-            params = {"limit": size, "offset": next_offset, "status": MemoryStatus(status).value if status else "any"}
-            if kind is not None:
-                params["kind"] = kind
-            page = _MemoryPage.model_validate(
+            query = ListQuery.model_construct(
+                kind=kind, status=MemoryStatus(status).value if status else "any", limit=size, offset=next_offset
+            )
+            params = query.model_dump(mode="json", exclude_none=True)
+            page = MemoryPage.model_validate(
                 self._request("GET", f"{self._ns(namespace)}/memories", params=params).json()
             )
             out.extend(page.items)
@@ -318,10 +307,15 @@ class HybridMemoryClient:
         return out
 
 
+def _session_in(session: Session) -> SessionIn:
+    """The request body of a session: its namespace is the request's."""
+    return SessionIn.model_construct(session_id=session.session_id, started_at=session.started_at, turns=session.turns)
+
+
 def _error(response: httpx.Response) -> HybridMemError:
     """The exception for an error answer: the class the error table gives its code, with its message."""
     try:
-        body = _ErrorResponse.model_validate(response.json()).error
+        body = ErrorResponse.model_validate(response.json()).error
     except ValueError:  # not the service's error JSON (a proxy's error page, say)
         return HybridMemError(f"HTTP {response.status_code} from {response.url}: {response.text[:200]}")
     if body.code not in ERROR_CODES:  # a newer server's code: the message still says what is wrong

@@ -15,7 +15,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hybridmem_local.errors import (
@@ -30,25 +29,10 @@ from hybridmem_local.errors import (
     UnsupportedMediaTypeError,
 )
 from hybridmem_local.service.limits import retry_after_header
-from hybridmem_local.service.models import describe_validation_errors
+from hybridmem_local.service.schemas import ErrorBody, ErrorResponse, describe_validation_errors
 from hybridmem_local.storage import audit
 
 log = logging.getLogger(__name__)
-
-
-class ErrorBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    code: str
-    message: str
-
-
-class ErrorResponse(BaseModel):
-    """The body of every non-2xx answer."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    error: ErrorBody
 
 
 def error_response(error: HybridMemError) -> JSONResponse:

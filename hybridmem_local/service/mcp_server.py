@@ -19,9 +19,11 @@ Two ways in, one set of tools (the official ``mcp`` SDK's ``MCPServer``):
   HTTP routes. Stateless: each POST stands alone, so a revoked key fails on its next call.
 
 Each tool is a few lines over the operations the HTTP routes call (``operations.py``): the same
-scope and ownership checks, limits and paging. ``add_session`` stores the raw turns ``pending``
-and the curation worker curates them later. A failed call is a tool error (``isError``) whose
-text is ``code: message`` with the HTTP API's stable codes (:class:`CodedMCPServer`).
+scope and ownership checks and paging, and arguments of the same types and limits as the routes'
+(``schemas.py``; tests/test_api_parity.py lists where a tool differs on purpose). ``add_session``
+stores the raw turns ``pending`` and the curation worker curates them later. A failed call is
+a tool error (``isError``) whose text is ``code: message`` with the HTTP API's stable codes
+(:class:`CodedMCPServer`).
 """
 
 from __future__ import annotations
@@ -42,37 +44,11 @@ from pydantic import AwareDatetime, Field, ValidationError
 from starlette.routing import Route
 
 from hybridmem_local import __version__
-from hybridmem_local.answering.answerer import Answer
 from hybridmem_local.errors import HybridMemError, InvalidInputError, NotFoundError, UnauthorizedError, error_text
-from hybridmem_local.schema import (
-    MAX_MESSAGES_SESSION_ID,
-    MAX_TURN_CHARS,
-    EpisodeDraft,
-    MemoryKind,
-    Message,
-    SearchResult,
-    SessionRecord,
-    StrictModel,
-    TupleDraft,
-    Turn,
-    check_namespace,
-)
+from hybridmem_local.results import Answer, Redaction, RedactionStatus, SearchResult, SessionRecord
+from hybridmem_local.schema import MAX_TURN_CHARS, MemoryKind, StrictModel, check_namespace
 from hybridmem_local.service.errors import internal_error
 from hybridmem_local.service.keys import ApiKey
-from hybridmem_local.service.models import (
-    MAX_K,
-    MAX_MESSAGES,
-    MAX_QUERY_CHARS,
-    MAX_TOOL_PAGE,
-    ForgetReport,
-    MemoriesAdded,
-    MemoryOut,
-    MemoryPage,
-    SessionIn,
-    SessionStatus,
-    StatusFilter,
-    describe_validation_errors,
-)
 from hybridmem_local.service.operations import (
     Admin,
     FixedNamespace,
@@ -83,9 +59,36 @@ from hybridmem_local.service.operations import (
     Scope,
     Writer,
 )
+from hybridmem_local.service.schemas import (
+    MAX_TOOL_PAGE,
+    Episodes,
+    ForgetReport,
+    Kinds,
+    MemoriesAdded,
+    MemoryOut,
+    MemoryPage,
+    Messages,
+    MessagesSessionId,
+    MinScore,
+    NamespaceName,
+    PageOffset,
+    QueryText,
+    QuestionDate,
+    Reason,
+    RowId,
+    SessionId,
+    SessionIn,
+    SessionStatus,
+    Since,
+    StatusFilter,
+    TopK,
+    Tuples,
+    Turns,
+    Until,
+    describe_validation_errors,
+)
 from hybridmem_local.service.state import ServiceState
 from hybridmem_local.storage import audit
-from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 
 #: Where ``hybridmem serve`` answers MCP.
 MCP_PATH = "/mcp"
@@ -100,7 +103,7 @@ INSTRUCTIONS = (
 )
 
 NamespaceArg = Annotated[
-    str | None,
+    NamespaceName | None,
     Field(
         description="Namespace (one user or agent). Leave it out when the connection is scoped to one namespace "
         "(stdio, or an API key for a single namespace)."
@@ -198,20 +201,11 @@ def _request_key(ctx: Context) -> KeyScope:
 
 
 def add_session(
-    session_id: Annotated[
-        str, Field(min_length=1, max_length=200, description="Unique id of this session in the namespace.")
-    ],
+    session_id: Annotated[SessionId, Field(description="Unique id of this session in the namespace.")],
     started_at: Annotated[
         AwareDatetime, Field(description="When the conversation started, ISO 8601 with a time zone.")
     ],
-    turns: Annotated[
-        list[Turn],
-        Field(
-            min_length=1,
-            description="The raw turns in order; turn ids must be unique in the namespace (prefix them with the "
-            "session id).",
-        ),
-    ],
+    turns: Turns,
     ctx: Context,
     namespace: NamespaceArg = None,
 ) -> SessionQueued:
@@ -250,24 +244,9 @@ def remember(
 
 
 def add_messages(
-    messages: Annotated[
-        list[Message],
-        Field(
-            min_length=1,
-            max_length=MAX_MESSAGES,
-            description="The conversation, oldest first, as chat messages {role, content} (optional name): the "
-            "name, else the role, is the speaker.",
-        ),
-    ],
+    messages: Messages,
     ctx: Context,
-    session_id: Annotated[
-        str | None,
-        Field(
-            min_length=1,
-            max_length=MAX_MESSAGES_SESSION_ID,
-            description="An id for this conversation, unique in the namespace; made up when left out.",
-        ),
-    ] = None,
+    session_id: MessagesSessionId = None,
     namespace: NamespaceArg = None,
 ) -> SessionQueued:
     """Hand over a conversation as chat messages so it is remembered.
@@ -281,7 +260,7 @@ def add_messages(
 
 
 def session_status(
-    session_id: Annotated[str, Field(min_length=1, max_length=200, description="The id a write tool returned.")],
+    session_id: Annotated[SessionId, Field(description="The id a write tool returned.")],
     ctx: Context,
     namespace: NamespaceArg = None,
 ) -> SessionStatus:
@@ -297,12 +276,8 @@ def session_status(
 
 def add_memory(
     ctx: Context,
-    episodes: Annotated[
-        list[EpisodeDraft], Field(description="Events: title, summary, details, timestamp (ISO date).")
-    ] = [],  # noqa: B006 - the SDK validates calls through a pydantic model, which copies the default
-    tuples: Annotated[
-        list[TupleDraft], Field(description="Facts: entity, relation, object, timestamp (ISO date), context.")
-    ] = [],  # noqa: B006 - as above
+    episodes: Episodes = [],  # noqa: B006 - the SDK validates calls through a pydantic model, which copies the default
+    tuples: Tuples = [],  # noqa: B006 - as above
     namespace: NamespaceArg = None,
 ) -> MemoriesAdded:
     """Store memories you wrote yourself, right away, without waiting for curation.
@@ -315,32 +290,30 @@ def add_memory(
 
 
 def search(
-    query: Annotated[
-        str, Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What to look up, in natural language.")
-    ],
+    query: Annotated[QueryText, Field(description="What to look up, in natural language.")],
     ctx: Context,
-    k: Annotated[
-        int | None,
-        Field(ge=1, le=MAX_K, description="Episodes to return (facts: 2k); default from the service config."),
-    ] = None,
+    k: TopK = None,
+    kinds: Kinds = None,
+    since: Since = None,
+    until: Until = None,
+    min_score: MinScore = None,
     namespace: NamespaceArg = None,
 ) -> SearchResult:
     """Look up what the user said in earlier conversations.
 
     Call it before answering anything that may depend on the past (preferences, people, plans,
     dates, "as I told you") and use what comes back as context. Returns the top-k episodes and
-    top-2k facts with scores and their source turn ids. No LLM call, so it is fast; prefer it over
-    `ask` when you will reason over the memories yourself."""
-    return _on(ctx, Reader, namespace).search(query, k)
+    top-2k facts with scores and their source turn ids; kinds, since/until (e.g. "what did we plan
+    last May") and min_score narrow it down. No LLM call, so it is fast; prefer it over `ask` when
+    you will reason over the memories yourself."""
+    return _on(ctx, Reader, namespace).search(query, k, kinds, since, until, min_score)
 
 
 def ask(
-    question: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS)],
+    question: QueryText,
     ctx: Context,
-    question_date: Annotated[
-        AwareDatetime | None, Field(description="When the question is asked, for relative dates ('last week').")
-    ] = None,
-    k: Annotated[int | None, Field(ge=1, le=MAX_K)] = None,
+    question_date: QuestionDate = None,
+    k: TopK = None,
     namespace: NamespaceArg = None,
 ) -> Answer:
     """Have the memory service answer a question from its memories, with citations.
@@ -358,7 +331,7 @@ def list_memories(
     kind: Annotated[MemoryKind | None, Field(description="'episode' or 'tuple'; both when left out.")] = None,
     status: Annotated[StatusFilter, Field(description="Which memories; 'any' for all.")] = "active",
     limit: Annotated[int, Field(ge=1, le=MAX_TOOL_PAGE)] = 50,
-    offset: Annotated[int, Field(ge=0, description="Where the page starts: next_offset of the previous page.")] = 0,
+    offset: PageOffset = 0,
     namespace: NamespaceArg = None,
 ) -> MemoryPage:
     """Page through the stored memories in the order they were written.
@@ -369,11 +342,9 @@ def list_memories(
 
 
 def delete_memory(
-    memory_id: Annotated[int, Field(ge=1, description="The memory's id, from search or list_memories.")],
+    memory_id: Annotated[RowId, Field(description="The memory's id, from search or list_memories.")],
     ctx: Context,
-    reason: Annotated[
-        str, Field(min_length=1, max_length=500, description="Why, kept in the memory's history.")
-    ] = "deleted by an agent over MCP",
+    reason: Reason = "deleted by an agent over MCP",
     namespace: NamespaceArg = None,
 ) -> DeletedMemory:
     """Delete one memory by id; the change is kept in its history.
@@ -393,7 +364,7 @@ def reset_namespace(ctx: Context, namespace: NamespaceArg = None) -> ForgetRepor
     return _on(ctx, Admin, namespace).forget()
 
 
-RedactionIdArg = Annotated[int, Field(ge=1, description="The redaction's id, from list_redactions.")]
+RedactionIdArg = Annotated[RowId, Field(description="The redaction's id, from list_redactions.")]
 
 
 def list_redactions(

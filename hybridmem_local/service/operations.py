@@ -17,14 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import ClassVar, Protocol, TypeVar
 
-from hybridmem_local.answering.answerer import Answer
-from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
 from hybridmem_local.errors import ForbiddenError, InvalidInputError, NotFoundError
-from hybridmem_local.memory import Stats
-from hybridmem_local.retrieval.retriever import SearchFilters
+from hybridmem_local.results import (
+    Answer,
+    ConsolidationReport,
+    Event,
+    Redaction,
+    RedactionStatus,
+    SearchResult,
+    SessionRecord,
+    Stats,
+    UndoReport,
+)
 from hybridmem_local.schema import (
     Episode,
     EpisodeDraft,
@@ -32,14 +39,12 @@ from hybridmem_local.schema import (
     MemoryStatus,
     Message,
     RelationalTuple,
-    SearchResult,
     Session,
-    SessionRecord,
     TupleDraft,
     check_namespace,
 )
 from hybridmem_local.service.keys import ALL_NAMESPACES, ApiKey, KeyRequest, Role
-from hybridmem_local.service.models import (
+from hybridmem_local.service.schemas import (
     MAX_PAGE,
     ForgetReport,
     KeyCreated,
@@ -53,8 +58,6 @@ from hybridmem_local.service.models import (
 from hybridmem_local.service.state import ServiceState
 from hybridmem_local.storage import audit
 from hybridmem_local.storage.audit import AuditEntry
-from hybridmem_local.storage.events import Event
-from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 
 # --------------------------------------------------------------------------- who may act on which namespace
 
@@ -135,18 +138,25 @@ class Reader:
             curation_error=record.curation_error,
         )
 
-    def search(self, query: str, k: int | None = None, filters: SearchFilters | None = None) -> SearchResult:
-        """Top-k episodes and top-2k tuples (no LLM call), kept by ``filters`` when given."""
-        keep = filters or SearchFilters()
+    def search(
+        self,
+        query: str,
+        k: int | None = None,
+        kinds: Sequence[MemoryKind] | None = None,
+        since: date | datetime | None = None,
+        until: date | datetime | None = None,
+        min_score: float | None = None,
+    ) -> SearchResult:
+        """Top-k episodes and top-2k tuples (no LLM call), kept by the filters given."""
         with self.state.memory() as memory:
             return memory.search(
                 query,
                 namespace=self.namespace,
                 k=k,
-                kinds=keep.kinds,
-                since=keep.since,
-                until=keep.until,
-                min_score=keep.min_score,
+                kinds=kinds,
+                since=since,
+                until=until,
+                min_score=min_score,
             )
 
     def ask(self, question: str, question_date: datetime | None = None, k: int | None = None) -> Answer:

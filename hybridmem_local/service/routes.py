@@ -12,42 +12,22 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import AwareDatetime, Field
 
 from hybridmem_local import __version__
-from hybridmem_local.answering.answerer import Answer
-from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
 from hybridmem_local.errors import NotReadyError
-from hybridmem_local.memory import Stats
-from hybridmem_local.retrieval.retriever import SearchFilters
-from hybridmem_local.schema import (
-    MAX_MESSAGES_SESSION_ID,
-    Episode,
-    EpisodeDraft,
-    MemoryKind,
-    Message,
-    RelationalTuple,
+from hybridmem_local.results import (
+    Answer,
+    ConsolidationReport,
+    Event,
+    Redaction,
+    RedactionStatus,
     SearchResult,
     SessionRecord,
-    StrictModel,
-    TupleDraft,
+    Stats,
+    UndoReport,
 )
-from hybridmem_local.service.errors import ErrorResponse
+from hybridmem_local.schema import Episode, RelationalTuple, StrictModel
 from hybridmem_local.service.keys import ApiKey, KeyRequest
-from hybridmem_local.service.models import (
-    MAX_BATCH,
-    MAX_K,
-    MAX_MESSAGES,
-    MAX_PAGE,
-    MAX_QUERY_CHARS,
-    ForgetReport,
-    KeyCreated,
-    MemoriesAdded,
-    MemoryOut,
-    MemoryPage,
-    SessionIn,
-    StatusFilter,
-)
 from hybridmem_local.service.operations import (
     Admin,
     AuditReader,
@@ -58,76 +38,34 @@ from hybridmem_local.service.operations import (
     Reader,
     Writer,
 )
+from hybridmem_local.service.schemas import (
+    AskIn,
+    AuditQuery,
+    ConsolidateIn,
+    ErrorResponse,
+    ForgetReport,
+    KeyCreated,
+    ListQuery,
+    MemoriesAdded,
+    MemoriesIn,
+    MemoryOut,
+    MemoryPage,
+    MessagesAccepted,
+    MessagesIn,
+    NamespaceName,
+    Reason,
+    RowId,
+    SearchIn,
+    SessionAccepted,
+    SessionBatchIn,
+    SessionId,
+    SessionIn,
+)
 from hybridmem_local.service.worker import WorkerStatus
 from hybridmem_local.storage.audit import AuditEntry
-from hybridmem_local.storage.events import Event
-from hybridmem_local.storage.redactions import Redaction, RedactionStatus
 
-# --------------------------------------------------------------------------- request / response models
-
-
-class SessionBatchIn(StrictModel):
-    sessions: list[SessionIn] = Field(min_length=1, max_length=MAX_BATCH)
-
-
-class SessionAccepted(StrictModel):
-    namespace: str
-    session_id: str
-    curation_status: str
-    #: Where to poll for the curation outcome.
-    status_url: str
-
-
-class MessagesAccepted(SessionAccepted):
-    #: The session's date (when the server stored it): with session_id, it names every turn.
-    started_at: AwareDatetime
-
-
-class MessagesIn(StrictModel):
-    """Chat messages, stored as one session dated now (the speaker from the role)."""
-
-    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
-    session_id: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_MESSAGES_SESSION_ID,
-        description="the session's id (default: made up from the date); its turns are session_id:index",
-    )
-
-
-class MemoriesIn(StrictModel):
-    """At least one of the two (the operation says so when both are empty)."""
-
-    episodes: list[EpisodeDraft] = Field(default_factory=list)
-    tuples: list[TupleDraft] = Field(default_factory=list)
-
-
-class SearchIn(SearchFilters):
-    """A query, and optionally which stores, which period and which scores to keep."""
-
-    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
-    k: int | None = Field(
-        default=None, ge=1, le=MAX_K, description="episodes to return (tuples: 2k); default from config"
-    )
-
-
-class AskIn(StrictModel):
-    question: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
-    question_date: AwareDatetime | None = Field(
-        default=None, description="when the question is asked (for relative dates)"
-    )
-    k: int | None = Field(default=None, ge=1, le=MAX_K)
-
-
-class ListQuery(StrictModel):
-    kind: MemoryKind | None = None
-    status: StatusFilter = "active"
-    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
-    offset: int = Field(default=0, ge=0)
-
-
-class ConsolidateIn(StrictModel):
-    dry_run: bool = False
+# --------------------------------------------------------------------------- probe bodies
+# Here, not in schemas: HTTP only, and Readiness carries the worker's status (the client never asks).
 
 
 class Health(StrictModel):
@@ -152,9 +90,7 @@ def _key(request: Request) -> ApiKey:
     return request.scope["state"]["api_key"]
 
 
-NamespacePath = Annotated[
-    str, Path(description="1-64 characters of A-Z a-z 0-9 _ . -, starting with a letter or digit")
-]
+NamespacePath = Annotated[NamespaceName, Path()]
 
 
 def _on(handle: type[Handle]) -> Callable[..., Handle]:
@@ -174,7 +110,9 @@ Reads = Annotated[Reader, Depends(_on(Reader))]
 Writes = Annotated[Writer, Depends(_on(Writer))]
 Administers = Annotated[Admin, Depends(_on(Admin))]
 ManagesKeys = Annotated[KeyAdmin, Depends(_keys)]
-MemoryId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a memory id")]
+MemoryIdPath = Annotated[RowId, Path(description="a memory id")]
+RunIdPath = Annotated[RowId, Path(description="a consolidation run's id")]
+RedactionIdPath = Annotated[RowId, Path(description="a redaction's id")]
 
 # --------------------------------------------------------------------------- health (no key)
 
@@ -236,7 +174,7 @@ def add_messages(ops: Writes, body: MessagesIn, request: Request) -> MessagesAcc
 
 
 @sessions.get("/sessions/{session_id}", response_model=SessionRecord)
-def get_session(ops: Reads, session_id: Annotated[str, Path(min_length=1, max_length=200)]) -> SessionRecord:
+def get_session(ops: Reads, session_id: Annotated[SessionId, Path()]) -> SessionRecord:
     """A stored session with its turns and curation status (pending, curated, curation_failed)."""
     return ops.session(session_id)
 
@@ -259,24 +197,22 @@ def list_memories(ops: Reads, query: Annotated[ListQuery, Query()]) -> MemoryPag
 
 
 @memories.get("/memories/{memory_id}", response_model=MemoryOut)
-def get_memory(ops: Reads, memory_id: MemoryId) -> Episode | RelationalTuple:
+def get_memory(ops: Reads, memory_id: MemoryIdPath) -> Episode | RelationalTuple:
     return ops.memory(memory_id)
 
 
 @memories.delete("/memories/{memory_id}", response_model=MemoryOut)
 def delete_memory(
     ops: Writes,
-    memory_id: MemoryId,
-    reason: Annotated[str, Query(min_length=1, max_length=500, description="kept in the memory's history")] = (
-        "deleted through the HTTP API"
-    ),
+    memory_id: MemoryIdPath,
+    reason: Annotated[Reason, Query()] = "deleted through the HTTP API",
 ) -> Episode | RelationalTuple:
     """Mark a memory deleted (kept in its history; forgetting the namespace removes it for good)."""
     return ops.delete_memory(memory_id, reason)
 
 
 @memories.get("/memories/{memory_id}/history", response_model=list[Event])
-def memory_history(ops: Reads, memory_id: MemoryId) -> list[Event]:
+def memory_history(ops: Reads, memory_id: MemoryIdPath) -> list[Event]:
     """Every change of a memory, oldest first, with before/after."""
     return ops.history(memory_id)
 
@@ -289,7 +225,7 @@ reads = APIRouter(prefix=NAMESPACE, tags=["reads"])
 @reads.post("/search", response_model=SearchResult)
 def search(ops: Reads, body: SearchIn) -> SearchResult:
     """Top-k episodes and top-2k tuples for a query (no LLM call)."""
-    return ops.search(body.query, body.k, body)  # the body is the filters, too
+    return ops.search(body.query, body.k, body.kinds, body.since, body.until, body.min_score)
 
 
 @reads.post("/ask", response_model=Answer, responses={504: {"model": ErrorResponse}})
@@ -332,7 +268,7 @@ def consolidate(ops: Administers, body: ConsolidateIn) -> ConsolidationReport:
 
 
 @admin.post(NAMESPACE + "/consolidation-runs/{run_id}/undo", response_model=UndoReport)
-def undo(ops: Administers, run_id: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> UndoReport:
+def undo(ops: Administers, run_id: RunIdPath) -> UndoReport:
     """Restore exactly the state before a consolidation run of this namespace."""
     return ops.undo(run_id)
 
@@ -344,13 +280,13 @@ def list_redactions(ops: Administers, status: RedactionStatus | None = None) -> 
 
 
 @admin.post(NAMESPACE + "/redactions/{redaction_id}/undo", response_model=Redaction)
-def undo_redaction(ops: Administers, redaction_id: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> Redaction:
+def undo_redaction(ops: Administers, redaction_id: RedactionIdPath) -> Redaction:
     """Put back exactly what a pending redaction removed."""
     return ops.undo_redaction(redaction_id)
 
 
 @admin.post(NAMESPACE + "/redactions/{redaction_id}/confirm", response_model=Redaction)
-def confirm_redaction(ops: Administers, redaction_id: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> Redaction:
+def confirm_redaction(ops: Administers, redaction_id: RedactionIdPath) -> Redaction:
     """Delete a pending redaction's originals for good (no undo after)."""
     return ops.confirm_redaction(redaction_id)
 
@@ -379,14 +315,6 @@ def revoke_key(keyring: ManagesKeys, key_id: Annotated[str, Path(pattern=r"^[0-9
 
 
 # --------------------------------------------------------------------------- audit
-
-
-class AuditQuery(StrictModel):
-    key: str | None = Field(default=None, max_length=64, description="only this actor (an API key id, 'worker')")
-    namespace: str | None = Field(default=None, max_length=64)
-    since: AwareDatetime | None = None
-    limit: int = Field(default=100, ge=1, le=MAX_PAGE)
-
 
 audit = APIRouter(prefix="/v1/audit", tags=["audit"])
 

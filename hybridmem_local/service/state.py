@@ -37,18 +37,17 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridmem_local.answering.answerer import Answer
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder, build_embedder
 from hybridmem_local.errors import AskTimeoutError, NotReadyError
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.memory import HybridMemory
-from hybridmem_local.schema import Session, SessionRecord
+from hybridmem_local.results import Answer, SessionRecord
+from hybridmem_local.schema import Session
 from hybridmem_local.service.keys import KeyRing
 from hybridmem_local.service.worker import CurationWorker
 from hybridmem_local.storage.audit import AuditEntry, AuditLog, AuditScope
 from hybridmem_local.storage.encryption import load_keys
-from hybridmem_local.storage.rekey import llm_cache_path
 from hybridmem_local.storage.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -158,14 +157,10 @@ class ServiceState:
         self._audit: AuditLog | None = None
 
     def _build_llm(self) -> StructuredLLM:
-        from hybridmem_local.llm import build_llm
+        from hybridmem_local.llm.factory import store_llm
 
-        # The same call cache beside the store that HybridMemory.llm uses.
-        return build_llm(
-            self.config.llm,
-            cache_path=llm_cache_path(self.db),
-            cache_keys=load_keys(self.config.store),
-        )
+        # The store's LLM, as HybridMemory.llm builds it: the same call cache beside the store.
+        return store_llm(self.config.llm, self.db, load_keys(self.config.store))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -22,6 +22,7 @@ from hybridmem_local.errors import EncryptionKeyError, StoreError
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.encryption import StoreKeys
 from hybridmem_local.storage.migrations import MIGRATIONS, SCHEMA_VERSION, split_sql
+from hybridmem_local.storage.paths import database_files
 from hybridmem_local.storage.scrub import ScrubResult, is_pending, scrub
 
 
@@ -180,7 +181,6 @@ def chunks(ids: Sequence[Any], size: int = 500) -> Iterator[list[Any]]:
 
 def _owner_only(path: Path) -> None:
     """Database files hold private conversations: readable by their owner alone."""
-    for suffix in ("", "-wal", "-shm"):
-        candidate = Path(str(path) + suffix)
+    for candidate in database_files(path):
         if candidate.exists():
             os.chmod(candidate, 0o600)

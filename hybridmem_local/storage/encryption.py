@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from hybridmem_local.errors import EncryptionKeyError, StoreError
 from hybridmem_local.files.paths import create_owner_only
+from hybridmem_local.storage.paths import keyid_path
 
 if TYPE_CHECKING:
     from hybridmem_local.config import StoreConfig
@@ -187,10 +188,6 @@ def load_keys(config: StoreConfig, environ: Mapping[str, str] | None = None) -> 
     raise EncryptionKeyError(
         "store.encryption is sqlcipher but no master key was found; looked in: " + ", ".join(looked)
     )
-
-
-def keyid_path(path: Path) -> Path:
-    return Path(str(path) + ".keyid")
 
 
 def recorded_key_id(path: Path) -> str | None:

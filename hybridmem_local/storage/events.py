@@ -7,27 +7,11 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from hybridmem_local.results import Event
 from hybridmem_local.schema import utcnow
 from hybridmem_local.storage import audit
 from hybridmem_local.storage.connection import Database, chunks
-
-
-class Event(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: int
-    namespace: str
-    at: datetime
-    action: str
-    memory_id: int | None
-    run_id: int | None
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
-    reason: str | None
 
 
 class EventLog:

@@ -148,16 +148,26 @@ class Memories:
         reason: str,
         action: str,
         run_id: int | None = None,
+        redacting: bool = False,
     ) -> int:
         """Store ``memory`` as the active successor of ``source_ids`` (an update: one source; a
-        consolidation merge: several) and mark each source superseded by it, every change an
-        event. The new row's ``action`` event carries, for one source, that source's row as
-        ``before``. Returns the new id."""
+        consolidation merge: several; a redaction's rewritten copy) and mark each source
+        superseded by it, every change an event. The new row's ``action`` event carries, for one
+        source, that source's row as ``before``, except when ``redacting``: that row holds the
+        text being removed, and confirming the redaction deletes only the sources' own events;
+        a redaction's sources' events are named ``action`` too. Returns the new id."""
         with self.db.transaction():
-            before = self._row_json(source_ids[0]) if len(source_ids) == 1 else None
+            before = self._row_json(source_ids[0]) if len(source_ids) == 1 and not redacting else None
             (new_id,) = self.insert(namespace, [memory], run_id=run_id, action=action, before=before)
             for source_id in source_ids:
-                self.set_status(source_id, MemoryStatus.superseded, reason=reason, superseded_by=new_id, run_id=run_id)
+                self.set_status(
+                    source_id,
+                    MemoryStatus.superseded,
+                    reason=reason,
+                    superseded_by=new_id,
+                    run_id=run_id,
+                    action=action if redacting else None,
+                )
         return new_id
 
     def not_active(self, ids: Sequence[int]) -> list[int]:

@@ -16,40 +16,12 @@ import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
 from hybridmem_local.errors import InvalidInputError, NotFoundError
+from hybridmem_local.results import Redaction, RedactionStatus
 from hybridmem_local.schema import utcnow
 from hybridmem_local.storage.connection import Database, chunks, inserted_id
-
-RedactionStatus = Literal["pending", "confirmed", "undone"]
-
-
-class Redaction(BaseModel):
-    """One redaction as an admin reviews it (without the removed text)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: int
-    namespace: str
-    #: The session whose request(s) it answers (found as the session was stored, or at its curation).
-    session_id: str
-    created_at: datetime
-    status: RedactionStatus
-    decided_at: datetime | None
-    #: What was asked ({what, turn_id, detected_by}), values masked.
-    requests: list[dict[str, Any]]
-    #: Turn ids rewritten; memory ids rewritten (old → new), removed, and retired ones to delete on confirm.
-    turn_ids: list[str]
-    rewritten: dict[int, int]
-    deleted: list[int]
-    retired: list[int]
-    #: How many spans were removed from turns.
-    spans: int
-    #: Whether the removed text is still kept (pending only): what undo restores.
-    undoable: bool
 
 
 class Redactions:

@@ -1,8 +1,8 @@
 """Whole-store key operations: encrypt a plaintext store in place, rotate its master key, check
 it (``hybridmem encrypt`` and ``hybridmem master-key``; docs/deployment.md, "Encryption at rest").
 
-A store is several files: the database, its LLM call cache (``<db>.llm_cache.sqlite``), the
-exports it wrote (the ``exports`` table) and its index files (``<db>.indexes/``). Each step
+A store is several files (``storage/paths.py``): the database, its LLM call cache, the
+exports it wrote (the ``exports`` table) and its index files. Each step
 below changes one file with one commit point, so a crash (SIGKILL, power loss) leaves every
 file readable with exactly one of the two keys (for ``encrypt``: plaintext or encrypted), and
 running the same command again finishes the job:
@@ -36,22 +36,13 @@ from pydantic import BaseModel, ConfigDict
 from hybridmem_local.errors import EncryptionKeyError, SealError, StoreError
 from hybridmem_local.files.paths import create_owner_only
 from hybridmem_local.files.sealing import is_sealed, seal, unseal
-from hybridmem_local.files.sessions import EXPORT_CONTEXT
+from hybridmem_local.files.session_files import EXPORT_CONTEXT
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.encryption import StoreKeys
+from hybridmem_local.storage.paths import indexes_path, llm_cache_path
 
 #: How long the exclusivity check waits for another connection before refusing.
 CLAIM_TIMEOUT_S = 1.0
-
-
-def llm_cache_path(path: Path) -> Path:
-    """The LLM call cache beside the store (``HybridMemory.llm``)."""
-    return Path(str(path) + ".llm_cache.sqlite")
-
-
-def indexes_path(path: Path) -> Path:
-    """The folder of the store's index files (``indexes/store_indexes.py``)."""
-    return Path(str(path) + ".indexes")
 
 
 class EncryptReport(BaseModel):

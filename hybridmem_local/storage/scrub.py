@@ -21,6 +21,7 @@ from typing import Any
 from hybridmem_local.errors import StoreError
 from hybridmem_local.files.paths import create_owner_only
 from hybridmem_local.storage import encryption
+from hybridmem_local.storage.paths import pending_marker
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,6 @@ class ScrubResult:
     #: The last ``PRAGMA wal_checkpoint(TRUNCATE)`` result: (busy, WAL frames, frames checkpointed).
     checkpoint: tuple[int, int, int]
     reason: str | None = None
-
-
-def pending_marker(path: Path) -> Path:
-    """The empty file that says ``path`` still holds deleted text in its WAL (it holds none)."""
-    return Path(str(path) + ".scrub-pending")
 
 
 def is_pending(path: Path | None) -> bool:

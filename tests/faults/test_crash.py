@@ -3,7 +3,7 @@
 After every kill the database passes ``PRAGMA integrity_check``, every session is whole or
 wholly absent (session row ⇔ its turns ⇔ its memories and their cached vectors), nothing is
 half-consolidated, and opening the store repairs its index files: search equals a fresh
-rebuild. Killing *consolidation apply* is covered in ``tests/test_consolidation.py``
+rebuild. Killing *consolidation apply* is covered in ``tests/consolidation/test_consolidation.py``
 (``test_sigkill_during_apply_leaves_the_store_before_or_after_never_between``).
 """
 

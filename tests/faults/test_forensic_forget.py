@@ -43,7 +43,7 @@ from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, Turn
 from hybridmem_local.service.worker import CurationWorker
 from hybridmem_local.storage.encryption import KEY_ENV, generate_master_key
-from hybridmem_local.storage.scrub import pending_marker
+from hybridmem_local.storage.paths import pending_marker
 from hybridmem_local.storage.store import MemoryStore
 from tests.factories import make_episode, make_tuple
 from tests.fake_vllm_server import ChatServer, curation_reply

@@ -72,10 +72,10 @@ def _pool() -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 def pool(hashing_embedder):
-    from hybridmem_local.memory import _as_stored
+    from hybridmem_local.memory.writes import as_stored
 
     drafts = _pool()
-    texts = sorted({_as_stored(d, NS).index_text() for ds in drafts.values() for d in ds})
+    texts = sorted({as_stored(d, NS).index_text() for ds in drafts.values() for d in ds})
     return drafts, texts, hashing_embedder.embed(texts)
 
 

@@ -21,11 +21,12 @@ import pytest
 
 from hybridmem_local.errors import EncryptionKeyError, SealError
 from hybridmem_local.files.sealing import is_sealed, unseal
-from hybridmem_local.files.sessions import EXPORT_CONTEXT
+from hybridmem_local.files.session_files import EXPORT_CONTEXT
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.encryption import StoreKeys
-from hybridmem_local.storage.rekey import check_store, encrypt_store, llm_cache_path, rotate_key
+from hybridmem_local.storage.paths import llm_cache_path
+from hybridmem_local.storage.rekey import check_store, encrypt_store, rotate_key
 from hybridmem_local.storage.store import MemoryStore
 from tests.encrypted_stores import config_for, fill_store, marker_session, opens_with, plant_llm_cache, write_key_file
 

@@ -61,7 +61,7 @@ def _job_add_sessions(memory, spec: dict) -> None:
 
 
 def _job_ingest(memory, spec: dict) -> None:
-    from hybridmem_local.files.sessions import read_sessions_jsonl
+    from hybridmem_local.files.session_files import read_sessions_jsonl
 
     sessions = read_sessions_jsonl(Path(spec["sessions"]))
     report = memory.ingest(sessions, curate=spec.get("curate", True))

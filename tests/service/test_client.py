@@ -15,7 +15,6 @@ from datetime import date, datetime, timezone
 import pytest
 
 import hybridmem_local.service.client as client_module
-from hybridmem_local.answering.answerer import Answer
 from hybridmem_local.errors import (
     AskTimeoutError,
     ConflictError,
@@ -27,18 +26,9 @@ from hybridmem_local.errors import (
     RateLimitedError,
     UnauthorizedError,
 )
-from hybridmem_local.schema import (
-    Episode,
-    EpisodeDraft,
-    RelationalTuple,
-    SearchResult,
-    Session,
-    SessionRecord,
-    TupleDraft,
-    Turn,
-)
+from hybridmem_local.results import Answer, Event, SearchResult, SessionRecord
+from hybridmem_local.schema import Episode, EpisodeDraft, RelationalTuple, Session, TupleDraft, Turn
 from hybridmem_local.service.client import HybridMemoryClient
-from hybridmem_local.storage.events import Event
 from tests.fake_vllm_server import ChatServer, Sleep
 from tests.service.http_harness import live_service
 from tests.service.scripted_llm import ANSWER, llm_settings, respond

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hybridmem_local.cli.main import DEMO_SESSIONS
-from hybridmem_local.files.sessions import read_sessions_jsonl
+from hybridmem_local.files.session_files import read_sessions_jsonl
 from hybridmem_local.service.client import HybridMemoryClient
 from hybridmem_local.service.keys import Role
 from tests.service.http_harness import live_service

@@ -14,12 +14,17 @@ import time
 import pytest
 from openapi_spec_validator import validate
 
-from hybridmem_local.answering.answerer import Answer
-from hybridmem_local.consolidation.planner import ConsolidationReport, UndoReport
-from hybridmem_local.memory import Stats
-from hybridmem_local.schema import Episode, RelationalTuple, SearchResult, SessionRecord
+from hybridmem_local.results import (
+    Answer,
+    ConsolidationReport,
+    Event,
+    SearchResult,
+    SessionRecord,
+    Stats,
+    UndoReport,
+)
+from hybridmem_local.schema import Episode, RelationalTuple
 from hybridmem_local.service.keys import ApiKey
-from hybridmem_local.storage.events import Event
 from tests.service.http_harness import live_service, session_body, wait_for_curation
 from tests.tiny_model import tiny_transformers_llm
 

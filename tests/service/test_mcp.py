@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,11 @@ import pytest
 import yaml
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from pydantic_core import to_jsonable_python
 
-from hybridmem_local.answering.answerer import Answer
 from hybridmem_local.config import load_config
-from hybridmem_local.schema import SearchResult
+from hybridmem_local.results import Answer, SearchResult
+from hybridmem_local.schema import EpisodeDraft, TupleDraft
 from hybridmem_local.service.app import create_app
 from hybridmem_local.service.mcp_server import build_mcp_server
 from hybridmem_local.service.operations import FixedNamespace, Operations
@@ -254,6 +255,55 @@ def test_ask_without_a_usable_llm_is_a_not_ready_tool_error(tmp_path, hashing_em
     finally:
         state.close()
     assert result.is_error and text_of(result).startswith("not_ready: ") and str(missing) in text_of(result)
+
+
+def test_search_takes_the_filters_of_the_http_route(tmp_path, hashing_embedder):
+    """kinds, since, until and min_score keep what ``HybridMemory.search`` keeps with them; a
+    filter that does not fit is a validation_error naming it."""
+    config = load_config(None, {"llm.path": str(tmp_path / "no-such-model.gguf")})  # no LLM call
+    state = ServiceState(tmp_path / "memory.db", config, embedder=hashing_embedder, start_worker=False)
+    state.open()
+    lima = TupleDraft(entity="Alice", relation="visited", object="Lima", timestamp="2021-03-01")
+    with state.memory() as memory:
+        memory.add_memories("alice", episodes=[EpisodeDraft(**EPISODE)], tuples=[TupleDraft(**TUPLE), lima])
+    cases: list[dict[str, Any]] = [
+        {},
+        {"kinds": ["tuple"]},
+        {"since": date(2023, 1, 1)},
+        {"until": date(2021, 12, 31), "kinds": ["tuple"]},
+        {"since": datetime(2023, 5, 5, tzinfo=timezone.utc), "until": date(2023, 5, 5)},
+        {"min_score": 1.0},
+    ]
+    wrong = [{"kinds": []}, {"kinds": ["fact"]}, {"since": "last week"}, {"min_score": "high"}]
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        async with Client(build_mcp_server(Operations(state), lambda ctx: FixedNamespace("alice"))) as client:
+            found = [
+                await client.call_tool("search", {"query": QUESTION, "k": 3, **to_jsonable_python(filters)})
+                for filters in cases
+            ]
+            refused = [await client.call_tool("search", {"query": QUESTION, **filters}) for filters in wrong]
+            return found, refused
+
+    try:
+        found, refused = anyio.run(main)
+        with state.memory() as memory:
+            expected = [memory.search(QUESTION, namespace="alice", k=3, **filters) for filters in cases]
+    finally:
+        state.close()
+    for filters, result, want in zip(cases, found, expected, strict=True):
+        assert not result.is_error, text_of(result)
+        assert SearchResult.model_validate(result.structured_content) == want, filters
+    everything, tuples, recent, old, one_day, high = expected
+    assert len(everything.episodes) == 1 and len(everything.tuples) == 2
+    assert tuples.episodes == [] and len(tuples.tuples) == 2
+    assert [hit.memory.object for hit in recent.tuples] == ["Biscuit the beagle"] and len(recent.episodes) == 1
+    assert [hit.memory.object for hit in old.tuples] == ["Lima"] and old.episodes == []
+    assert len(one_day.episodes) == 1 and [hit.memory.object for hit in one_day.tuples] == ["Biscuit the beagle"]
+    assert high.episodes == [] and high.tuples == []
+    for filters, result in zip(wrong, refused, strict=True):
+        assert result.is_error and text_of(result).startswith("validation_error: "), (filters, text_of(result))
+        assert next(iter(filters)) in text_of(result), (filters, text_of(result))
 
 
 def test_stdio_server_refuses_a_bad_namespace_before_starting(tmp_path):

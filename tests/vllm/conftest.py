@@ -12,7 +12,7 @@ sit beside the server), the server once per session (``serve_vllm.sh start``; th
 restart it and leave it running). vLLM's caches and sockets go under ``.vllm/``.
 
 What these tests cannot show (no GPU here): CUDA, tensor/pipeline parallelism, Ray, Qwen3's
-reasoning parser; tests/test_llm_vllm.py keeps stand-ins for those.
+reasoning parser; tests/llm/test_vllm.py keeps stand-ins for those.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _unavailable() -> str | None:
             "then .venv-vllm/bin/python -m pytest -m vllm tests/vllm/"
         )
     from hybridmem_local.errors import ModelRegistryError
-    from hybridmem_local.models.registry import resolve_model
+    from hybridmem_local.weights.resolve import resolve_model
 
     try:
         resolve_model(MODEL, models_dir=REPO / "models")

@@ -118,7 +118,7 @@ def test_one_consolidation_plan_is_schema_valid(engine, curated, locomo_session)
     [result] = engine.generate([request])
     if not result.ok:
         # SmolLM2 can loop inside a merged record until max_new_tokens (seen); the pipeline then
-        # skips the group (tests/test_consolidation.py). The failure must be that, cleanly.
+        # skips the group (tests/consolidation/test_consolidation.py). The failure must be that, cleanly.
         assert "cut off at max_new_tokens" in result.error or "does not match" in result.error
         return
     group = Group(kind=kind, memory_ids=[m.id for m in members])
