@@ -271,7 +271,8 @@ def report(
 ) -> None:
     """Redraw summary.md, summary.csv and the plots from a folder's summary.json; for a study
     (a folder with shards/), rebuild its summary from every shard's records first."""
-    from hybridmem_local.eval.report import MANIFEST, SUMMARY_JSON, write_report
+    from hybridmem_local.eval.render import write_report
+    from hybridmem_local.eval.report import MANIFEST, SUMMARY_JSON
     from hybridmem_local.eval.shards import combine_shards, shard_folders
 
     if shard_folders(out):

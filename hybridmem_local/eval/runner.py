@@ -13,13 +13,16 @@ For each conversation (a LoCoMo sample, a LongMemEval instance):
    one per min_cluster_size), so curation runs once per conversation.
 2. **Questions**, per system, in batches of ``batch_size``: the system builds each context
    (``systems.py``), one batched LLM call answers them all (``answerer.answer_many``, in
-   ``answering.mode``), one batched call judges them (``eval/judge.py``), and the metrics are
-   computed (``records.py``). Each batch is appended to ``predictions.jsonl`` as soon as it
-   is done. Options live in ``options.py``, LLM accounting in ``accounting.py``.
-3. **Judge audit**: the judge grades planted wrong answers (``judge_audit.py``) into
-   ``judge_audit.jsonl``; the summary gives its false-accept rate.
-4. **Report**: ``summary.json``, ``summary.md``, ``summary.csv``, plots and ``manifest.json``
-   (``report.py``).
+   ``answering.mode``), one batched call judges them (``judging.py``: against LoCoMo's gold and,
+   with ``--audited-gold``, the audited one), and the metrics are computed (``records.py``).
+   Each batch is appended to ``predictions.jsonl`` as soon as it is done. Options live in
+   ``options.py``, the LLMs in ``llms.py``, LLM accounting in ``accounting.py``.
+3. **Judge audit**: the judge grades planted wrong answers and reworded gold answers
+   (``judge_audit.py``) into ``judge_audit.jsonl``; the summary gives its false-accept and
+   false-reject rates.
+4. **Report**: ``summary.json`` and ``manifest.json`` (``report.py``), ``summary.md``,
+   ``summary.csv`` and plots (``render.py``). A study of several such folders, one per
+   conversation, is combined by ``shards.py``.
 
 Resuming: a question already in ``predictions.jsonl`` under the same run key (config hash,
 system variant, prompt versions, options that change results) is skipped, and every LLM call
@@ -49,16 +52,8 @@ from hybridmem_local.curation.curator import TEMPLATE_ALLOWANCE_TOKENS
 from hybridmem_local.errors import ConfigError, DatasetError, InvalidInputError
 from hybridmem_local.eval.accounting import PHASES, MeteredLLM, PhaseUsage
 from hybridmem_local.eval.benchmarks import load_benchmark
-from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
-from hybridmem_local.eval.judge_audit import (
-    JUDGE_AUDIT,
-    PLANTED,
-    REWORDED,
-    plant_answers,
-    reword_answers,
-    summarise_audit,
-)
-from hybridmem_local.eval.locomo import ADVERSARIAL
+from hybridmem_local.eval.judging import Judging
+from hybridmem_local.eval.llms import Models
 from hybridmem_local.eval.options import RunOptions, SystemRun, system_runs
 from hybridmem_local.eval.records import (
     PREDICTIONS,
@@ -79,7 +74,6 @@ from hybridmem_local.eval.systems import (
     SystemSettings,
     build_system,
 )
-from hybridmem_local.llm.base import StructuredLLM
 from hybridmem_local.prompts import load_prompt, prompt_names
 from hybridmem_local.schema import StrictModel
 
@@ -91,43 +85,6 @@ log = logging.getLogger(__name__)
 
 #: Below this many tokens for the context, answering would be pointless: a config error.
 MIN_CONTEXT_TOKENS = 64
-
-
-class Models:
-    """The run's answer and judge LLMs, built on first use, behind one on-disk call cache."""
-
-    def __init__(self, config: Config, cache_path: Path):
-        self.config = config
-        self.cache_path = cache_path
-        self._answer: StructuredLLM | None = None
-        self._judge: StructuredLLM | None = None
-
-    @property
-    def answer(self) -> StructuredLLM:
-        if self._answer is None:
-            from hybridmem_local.llm import build_llm
-
-            self._answer = build_llm(self.config.llm, cache_path=self.cache_path)
-        return self._answer
-
-    @property
-    def judge(self) -> StructuredLLM:
-        judge_config = self.config.judge
-        if judge_config is None or judge_config == self.config.llm:
-            return self.answer
-        if self._judge is None:
-            from hybridmem_local.llm import build_llm
-
-            self._judge = build_llm(judge_config, cache_path=self.cache_path)
-        return self._judge
-
-    def judge_model_id(self) -> str:
-        judge = self.config.judge or self.config.llm
-        return f"{judge.backend}:{judge.model}"
-
-    def close(self) -> None:
-        for llm in {id(m): m for m in (self._answer, self._judge) if m is not None}.values():
-            llm.close()
 
 
 # --------------------------------------------------------------------------- the run
@@ -187,11 +144,19 @@ class _Run:
             transient=True,
         )
         self._embedder: Embedder | None = None
+        self.judging = Judging(
+            options,
+            config,
+            self.config_hash,
+            self.models,
+            console,
+            self._record_usage,
+        )
 
     # ------------------------------------------------------------------ top level
 
     def run(self) -> RunResult:
-        from hybridmem_local.eval import report
+        from hybridmem_local.eval import render, report
 
         options = self.options
         options.out.mkdir(parents=True, exist_ok=True)
@@ -216,7 +181,7 @@ class _Run:
             audit = (
                 None
                 if options.retrieval_only or not (options.judge_audit or options.judge_rewordings)
-                else self._judge_audit(benchmark.conversations)
+                else self.judging.audit(benchmark.conversations)
             )
         finally:
             append_jsonl(options.out / USAGE, self.usage_rows)
@@ -254,7 +219,7 @@ class _Run:
             self.started,
             embedder_model_id=self._embedder.model_id if self._embedder is not None else None,
         )
-        report.write_report(options.out, summary, manifest)
+        render.write_report(options.out, summary, manifest)
         return RunResult(out=options.out, summary=summary, usage=self.usage, new_records=new, resumed_records=resumed)
 
     def _run_key(self, run: SystemRun) -> str:
@@ -522,8 +487,10 @@ class _Run:
                     answering.units += len(batch)
                     began = time.perf_counter()
                     answers = list(answered)
-                    verdicts = self._judge(judge_llm, conversation.namespace, batch, [a.answer for a in answered])
-                    audited = self._judge_audited(judge_llm, conversation.namespace, batch, answers, verdicts)
+                    verdicts = self.judging.verdicts(
+                        judge_llm, conversation.namespace, batch, [a.answer for a in answered]
+                    )
+                    audited = self.judging.audited_verdicts(judge_llm, conversation.namespace, batch, answers, verdicts)
                     judging.wall_s += time.perf_counter() - began
                     judging.units += len(batch)
                 records = [
@@ -542,141 +509,6 @@ class _Run:
             f"{retrieval.wall_s + answering.wall_s + judging.wall_s:.0f}s)"
         )
         return len(pending)
-
-    def _judge(
-        self, llm: StructuredLLM, namespace: str, batch: list[EvalQuestion], predictions: list[str]
-    ) -> list[tuple[Verdict | None, str | None, float | None]]:
-        """(verdict, judge error, judge seconds) per question; adversarial ones are not judged."""
-        out: list[tuple[Verdict | None, str | None, float | None]] = [(None, None, None)] * len(batch)
-        requests, positions = [], []
-        for i, (question, prediction) in enumerate(zip(batch, predictions, strict=True)):
-            if question.category_number == ADVERSARIAL:
-                continue  # mem0's protocol: adversarial questions get the official F1 rule only
-            if not prediction:
-                out[i] = (Verdict(label="WRONG", reasoning="no answer was produced", judged_by_llm=False), None, None)
-                continue
-            requests.append(
-                build_judge_request(
-                    question.question,
-                    question.gold or "",
-                    prediction,
-                    self.options.benchmark,
-                    question.category,
-                    abstention=question.abstention,
-                    locomo_judge=self.options.judge_prompt,
-                ).model_copy(update={"tag": namespace})
-            )
-            positions.append(i)
-        for i, result in zip(positions, llm.generate(requests) if requests else [], strict=True):
-            verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
-            if verdict is None:
-                out[i] = (None, result.error or "reply is not a JudgeVerdict", result.latency_s)
-            else:
-                out[i] = (Verdict(label=verdict.label, reasoning=verdict.reasoning), None, result.latency_s)
-        return out
-
-    def _judge_audited(
-        self,
-        llm: StructuredLLM,
-        namespace: str,
-        batch: list[EvalQuestion],
-        answers: list[Answer | None],
-        verdicts: list[tuple[Verdict | None, str | None, float | None]],
-    ) -> list[Verdict | None]:
-        """The verdict against the audited gold: the original one where the audit keeps the
-        answer, one more judge call where it changes it; None without an audit."""
-        out: list[Verdict | None] = []
-        changed = []
-        for i, (question, (verdict, _, _)) in enumerate(zip(batch, verdicts, strict=True)):
-            if question.evidence_audited is None or question.category_number == ADVERSARIAL:
-                out.append(None)
-            elif question.gold_audited == question.gold:
-                out.append(verdict)
-            else:
-                out.append(None)
-                changed.append(i)
-        texts = ["" if answer is None else answer.answer for answer in answers]
-        regraded = self._judge(
-            llm,
-            namespace,
-            [batch[i].model_copy(update={"gold": batch[i].gold_audited}) for i in changed],
-            [texts[i] for i in changed],
-        )
-        for i, (verdict, _, _) in zip(changed, regraded, strict=True):
-            out[i] = verdict
-        return out
-
-    def _judge_audit(self, conversations: list[EvalConversation]) -> dict[str, Any]:
-        """Grade planted wrong answers and reworded gold answers (``judge_audit.py``); rows already
-        in ``judge_audit.jsonl`` under this config and these prompts are reused, so a rerun asks
-        the judge nothing."""
-        path = self.options.out / JUDGE_AUDIT
-        key = hashlib.sha256(
-            json.dumps(
-                {
-                    "config": self.config_hash,
-                    "prompts": [load_prompt(n).version for n in prompt_names()],
-                    "judge_prompt": self.options.judge_prompt,
-                },
-                sort_keys=True,
-            ).encode("utf-8")
-        ).hexdigest()[:16]
-        seed = self.config.llm.seed
-        graded = [
-            (PLANTED, p.question_id, p.question, p.gold, p.category, p.planted, p.model_dump())
-            for p in plant_answers(conversations, self.options.judge_audit, seed=seed)
-        ] + [
-            (REWORDED, r.question_id, r.question, r.gold, r.category, r.reworded, r.model_dump())
-            for r in reword_answers(conversations, self.options.judge_rewordings, seed=seed)
-        ]
-        known = {
-            (r.get("kind", PLANTED), r["question_id"], r.get("reworded", r.get("planted"))): r
-            for r in read_records(path)
-            if r.get("audit_key") == key
-        }
-        todo = [g for g in graded if (g[0], g[1], g[5]) not in known]
-        usage = PhaseUsage()
-        if todo:
-            judge = MeteredLLM(self.models.judge, usage)
-            started = time.perf_counter()
-            requests = [
-                build_judge_request(
-                    question, gold, answer, self.options.benchmark, category, locomo_judge=self.options.judge_prompt
-                ).model_copy(update={"tag": "judge-audit"})
-                for _, _, question, gold, category, answer, _ in todo
-            ]
-            rows = []
-            for (kind, _, _, _, _, _, fields), result in zip(todo, judge.generate(requests), strict=True):
-                verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
-                rows.append(
-                    {
-                        "audit_key": key,
-                        "kind": kind,
-                        **fields,
-                        "label": None if verdict is None else verdict.label,
-                        "reasoning": None if verdict is None else verdict.reasoning,
-                        "judge_error": None if verdict is not None else result.error or "reply is not a JudgeVerdict",
-                    }
-                )
-            append_jsonl(path, rows)
-            known.update({(r["kind"], r["question_id"], r.get("reworded", r.get("planted"))): r for r in rows})
-            usage.wall_s, usage.units = time.perf_counter() - started, len(todo)
-            self._record_usage("judge_audit", usage, conversations[0].conversation_id)
-        audit = {
-            "audit_key": key,
-            **summarise_audit([known[(g[0], g[1], g[5])] for g in graded], self.models.judge_model_id()),
-        }
-        if audit["judged"]:
-            self.console.print(
-                f"judge audit: {audit['accepted']} of {audit['judged']} planted wrong answers accepted "
-                f"({100 * audit['false_accept_rate']:.1f}% false accepts)"
-            )
-        if audit[REWORDED]["judged"]:
-            self.console.print(
-                f"judge audit: {audit[REWORDED]['rejected']} of {audit[REWORDED]['judged']} reworded gold answers "
-                f"rejected ({100 * audit[REWORDED]['false_reject_rate']:.1f}% false rejects)"
-            )
-        return audit
 
     def _record(
         self,

@@ -21,7 +21,8 @@ import yaml
 
 from hybridmem_local.config import Config, load_config
 from hybridmem_local.eval.options import RunOptions, system_runs
-from hybridmem_local.eval.report import build_summary, write_report
+from hybridmem_local.eval.render import write_report
+from hybridmem_local.eval.report import build_summary
 from hybridmem_local.eval.systems import (
     EvalConversation,
     EvalQuestion,
