@@ -2,7 +2,8 @@
 # The paper's method measured at a size that decides (issue #32 item 6), one shard at a time:
 # a shard is one LoCoMo conversation done start to end (curate every session, consolidate at
 # mcs 5 and 10, answer with every system, judge against LoCoMo's gold and the audited gold, grade
-# the judge's planted and reworded answers). Its records land in docs/results/locomo-study/shards/<id>/
+# the judge's planted and reworded answers; the strict judge prompt, whose error rates
+# scripts/measure_judge.py measured against mem0's). Its records land in docs/results/locomo-study/shards/<id>/
 # (commit them); its store and LLM cache stay under runs/ (not records). Any machine can take the
 # next shard; `hybridmem eval report docs/results/locomo-study` rebuilds the tables from all of them.
 #
@@ -28,7 +29,7 @@ for conversation in "$@"; do
     --set "llm.n_threads=${HYBRIDMEM_STUDY_THREADS:-1}" --set answering.evidence_turns=false \
     --conversations "$conversation" --sample 300 --sample-seed 0 --audited-gold "$audit" \
     --systems episodic-only,relational-only,hybrid,hybrid+consolidation,rag,fused --mcs 5,10 \
-    --context-budget 2048 --judge-audit 1000 --judge-rewordings 1000 \
+    --context-budget 2048 --judge-prompt strict --judge-audit 1000 --judge-rewordings 1000 \
     --stores runs/locomo-study/stores --llm-cache runs/locomo-study/llm_cache.sqlite \
     --out "$study/shards/$conversation" > /dev/null
   echo "$conversation: shard done in $(( ($(date +%s) - started) / 60 )) min"

@@ -266,7 +266,7 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
         ]
         lines += _table(["class", "memories"], [[name, str(n)] for name, n in precision["labels"].items()])
         lines += [
-            f"The subject check (a memory about someone who neither speaks nor is named in a turn it cites) flags "
+            f"The subject check (text/attribution.py: a memory about someone no cited turn speaks of) flags "
             f"{precision['check_flags_wrong_speaker']} wrong-speaker memories, {precision['check_flags_right']} "
             f"right ones and {precision['check_flags_other_wrong']} other wrong ones.",
             "",
