@@ -28,7 +28,7 @@ from pathlib import Path
 
 from hybridmem_local.config import load_config
 from hybridmem_local.eval.benchmarks import load_benchmark
-from hybridmem_local.eval.judge import LOCOMO_JUDGE_PROMPTS, JudgeVerdict, build_judge_request
+from hybridmem_local.eval.judge import LOCOMO_JUDGE_PROMPTS, build_judge_request, verdict_of
 from hybridmem_local.eval.judge_audit import PLANTED, REWORDED, plant_answers, reword_answers, summarise_audit
 from hybridmem_local.eval.options import RunOptions
 from hybridmem_local.eval.records import append_jsonl, read_records
@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
                 ]
                 rows = []
                 for (kind, fields, answer), result in zip(chunk, llm.generate(requests), strict=True):
-                    verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
+                    verdict = verdict_of(result)
                     rows.append(
                         {
                             "judge_prompt": prompt,

@@ -27,7 +27,7 @@ from hybridmem_local.cli.render import curation_notes, print_memories, print_ses
 from hybridmem_local.errors import InputFileError
 from hybridmem_local.files.readers import describe_validation_error, read_json_list
 from hybridmem_local.files.session_files import read_sessions_file, read_sessions_jsonl
-from hybridmem_local.schema import Message
+from hybridmem_local.schema import Message, SessionRecord
 
 
 @with_options
@@ -107,10 +107,7 @@ def remember(
     """Store plain text as a one-message session from the user, dated now, queued for curation."""
     with store.open_memory() as memory:
         record = memory.remember(namespace, text)
-    if output.as_json:
-        print_json(record)
-    else:
-        print_session(record)
+    _show_session(record, output)
 
 
 @with_options
@@ -129,10 +126,7 @@ def add_messages(
         messages = read_messages(path)
     with store.open_memory() as memory:
         record = memory.add_messages(namespace, messages, session_id)
-    if output.as_json:
-        print_json(record)
-    else:
-        print_session(record)
+    _show_session(record, output)
 
 
 def read_messages(path: Path) -> list[Message]:
@@ -182,10 +176,7 @@ def get_session(
     """A stored session with its turns and curation status (pending, curated, curation_failed)."""
     with store.open_memory() as memory:
         record = memory.get_session(namespace, session_id)
-    if output.as_json:
-        print_json(record)
-    else:
-        print_session(record)
+    _show_session(record, output)
 
 
 @with_options
@@ -216,3 +207,10 @@ def sessions(
         for r in records
     ]
     print_data(rows, False, title=f"{len(rows)} sessions in {namespace}")
+
+
+def _show_session(record: SessionRecord, output: Output) -> None:
+    if output.as_json:
+        print_json(record)
+    else:
+        print_session(record)

@@ -14,7 +14,7 @@ from pydantic import Field
 from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.eval import Benchmark
 from hybridmem_local.eval.locomo import CATEGORY_NAMES
-from hybridmem_local.llm.base import LLMRequest
+from hybridmem_local.llm.base import LLMRequest, LLMResult
 from hybridmem_local.prompts import load_prompt
 from hybridmem_local.schema import StrictModel
 
@@ -98,3 +98,8 @@ def build_judge_request(
         enable_thinking=False,
         prompt_version=prompt.version,
     )
+
+
+def verdict_of(result: LLMResult) -> JudgeVerdict | None:
+    """The judge's verdict in ``result``; None when the call failed or the reply is not one."""
+    return result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None

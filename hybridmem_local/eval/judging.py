@@ -15,7 +15,7 @@ from rich.console import Console
 from hybridmem_local.answering.answerer import Answer
 from hybridmem_local.config import Config
 from hybridmem_local.eval.accounting import MeteredLLM, PhaseUsage
-from hybridmem_local.eval.judge import JudgeVerdict, build_judge_request
+from hybridmem_local.eval.judge import build_judge_request, verdict_of
 from hybridmem_local.eval.judge_audit import (
     JUDGE_AUDIT,
     PLANTED,
@@ -78,7 +78,7 @@ class Judging:
             )
             positions.append(i)
         for i, result in zip(positions, llm.generate(requests) if requests else [], strict=True):
-            verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
+            verdict = verdict_of(result)
             if verdict is None:
                 out[i] = (None, result.error or "reply is not a JudgeVerdict", result.latency_s)
             else:
@@ -157,7 +157,7 @@ class Judging:
             ]
             rows = []
             for (kind, _, _, _, _, _, fields), result in zip(todo, judge.generate(requests), strict=True):
-                verdict = result.parsed if result.ok and isinstance(result.parsed, JudgeVerdict) else None
+                verdict = verdict_of(result)
                 rows.append(
                     {
                         "audit_key": key,
