@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hybridmem_local.errors import ConfigError
 from hybridmem_local.files.readers import read_yaml_mapping
@@ -286,6 +286,15 @@ class ConsolidationConfig(_Section):
     hdbscan: HDBSCANConfig = Field(default_factory=HDBSCANConfig)
 
 
+#: The URL schemes of a PostgreSQL store (``storage/backends.py``); psycopg 3 is the driver.
+POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg", "postgres")
+
+
+def is_postgres_url(location: object) -> bool:
+    """Whether a store location is a PostgreSQL URL rather than a SQLite path."""
+    return isinstance(location, str) and location.split("://", 1)[0] in POSTGRES_SCHEMES and "://" in location
+
+
 class StoreConfig(_Section):
     #: How long a writer waits for another process's transaction before giving up.
     busy_timeout_ms: int = Field(default=30_000, ge=0)
@@ -296,6 +305,23 @@ class StoreConfig(_Section):
     #: owner only. Never the key itself: configs are copied and committed. A systemd credential
     #: (``$CREDENTIALS_DIRECTORY/hybridmem-master-key``) comes first, ``$HYBRIDMEM_MASTER_KEY`` last.
     key_file: Path | None = None
+    #: ``postgresql://user@host:5432/db``: the store lives in PostgreSQL, shared by several
+    #: ``hybridmem serve`` replicas and workers (docs/deployment.md); None: the SQLite file given
+    #: by ``--db``. Give the password through ``PGPASSWORD`` or ``~/.pgpass``, never in a config.
+    url: str | None = None
+    #: Where a PostgreSQL store's index files and LLM call cache live on this host (they are
+    #: caches, rebuilt from the database); None: ``~/.cache/hybridmem/postgres/<host>-<port>-<db>-<hash>``.
+    local_dir: Path | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, url: str | None) -> str | None:
+        if url is not None and not is_postgres_url(url):
+            raise ValueError(
+                f"store.url must be a postgresql:// (or postgresql+psycopg://) URL, got {url.split('://')[0]!r}:// "
+                "(a SQLite store is given by its path, --db)"
+            )
+        return url
 
 
 class AuditConfig(_Section):
@@ -324,6 +350,10 @@ class ServiceConfig(_Section):
     ask_timeout_s: float = Field(default=120.0, gt=0)
     #: How often the worker looks for pending sessions when nobody woke it.
     worker_poll_s: float = Field(default=2.0, gt=0)
+    #: A worker's claim on the sessions of its batch lasts this long and is renewed every third
+    #: of it while the batch runs; a worker that dies loses its claim when it runs out, and
+    #: another worker curates those sessions (service/worker.py).
+    claim_lease_s: float = Field(default=60.0, gt=0)
     #: Log request bodies (turn text, queries) for debugging; keys are never logged.
     log_content: bool = False
 

@@ -100,6 +100,14 @@ class StoreError(HybridMemError, RuntimeError):
     """The database cannot be opened or a write was refused; nothing was changed."""
 
 
+class StoreUnavailableError(StoreError):
+    """The store's database cannot be reached (a PostgreSQL server restarting, a dropped
+    connection): the operation did not happen, or its transaction was rolled back as a whole.
+    The next call reconnects; retry it."""
+
+    code = "store_unavailable"
+
+
 class AuditChainError(StoreError):
     """The audit trail's hash chain does not verify (an entry edited, deleted or moved)."""
 
@@ -264,6 +272,7 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "internal": ErrorCode(500, HybridMemError),
     "queue_full": ErrorCode(503, QueueFullError),
     "not_ready": ErrorCode(503, NotReadyError),
+    "store_unavailable": ErrorCode(503, StoreUnavailableError),
     "timeout": ErrorCode(504, AskTimeoutError),
 }
 

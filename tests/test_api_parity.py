@@ -37,6 +37,7 @@ ONLY_IN_PROCESS = {
     "answer_search",
     "apply_consolidation",
     "backup",  # a copy of the store file: the service's database is backed up where it runs
+    "claim_sessions",  # a curation worker's claim on the queue: workers run beside the store, not over HTTP
     "consolidate_if_due",
     "curate_pending",
     "curate_stored",

@@ -62,6 +62,7 @@ def test_every_error_class_is_in_errors_py_and_has_a_code_in_the_table():
         "internal": 500,
         "queue_full": 503,
         "not_ready": 503,
+        "store_unavailable": 503,
         "timeout": 504,
     }
 

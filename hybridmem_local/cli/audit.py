@@ -30,7 +30,7 @@ app = typer.Typer(
 
 @contextmanager
 def _existing(store: StoreOptions) -> Iterator[MemoryStore]:
-    if not store.db.exists():  # opening would create an empty store
+    if store.config.store.url is None and not store.db.exists():  # opening would create an empty store
         raise fail(f"no store at {store.db}")
     with store.open_store() as opened:
         yield opened

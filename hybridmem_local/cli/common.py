@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import sqlalchemy as sa
 import typer
 import yaml
 from pydantic_core import to_jsonable_python
@@ -47,7 +48,14 @@ if TYPE_CHECKING:
 #: Errors a user can fix: printed as one clear line, exit code 1, no traceback. The library's
 #: own errors name what is wrong (a bad file, config or argument, a missing model, an unreachable
 #: LLM server); sqlite3 and OS errors cover a full disk, a read-only store or a missing directory.
-USER_ERRORS: tuple[type[BaseException], ...] = (HybridMemError, ValueError, *encryption.Error, OSError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    HybridMemError,
+    ValueError,
+    *encryption.Error,
+    OSError,
+    # The database refused a statement (full disk, read-only file): the driver's one line.
+    sa.exc.OperationalError,
+)
 
 JSON_HELP = "Print the result as JSON instead of a table."
 #: ``--json`` as a parameter default, for a command that takes no bundle (``hybridmem models``).
@@ -101,7 +109,12 @@ class ConfigOptions:
 class StoreOptions(ConfigOptions):
     """``--db`` besides the config: the store a command works on."""
 
-    db: Annotated[Path, typer.Option("--db", envvar="HYBRIDMEM_DB", help="SQLite store file.")] = Path("hybridmem.db")
+    db: Annotated[
+        Path,
+        typer.Option(
+            "--db", envvar="HYBRIDMEM_DB", help="SQLite store file (unless store.url names a PostgreSQL database)."
+        ),
+    ] = Path("hybridmem.db")
 
     @contextmanager
     def open_memory(self) -> Iterator[HybridMemory]:

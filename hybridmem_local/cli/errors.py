@@ -22,4 +22,5 @@ def reported(*errors: type[BaseException]) -> Iterator[None]:
     try:
         yield
     except errors as exc:
-        raise fail(exc) from exc
+        # A database error wrapped by SQLAlchemy: the driver's own words, without the statement.
+        raise fail(getattr(exc, "orig", None) or exc) from exc

@@ -134,7 +134,7 @@ def _mount_commands() -> None:
             consolidation.purge,
         ],
         "Setup": [demo, doctor],
-        "Service": [service.serve, service.mcp],
+        "Service": [service.serve, service.worker, service.mcp],
         "Store": [encryption.encrypt],
     }
     for job, commands in jobs.items():

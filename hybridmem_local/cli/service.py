@@ -30,6 +30,12 @@ def serve(
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="Accept requests without an API key (loopback addresses only).")
     ] = False,
+    no_worker: Annotated[
+        bool,
+        typer.Option(
+            "--no-worker", help="Serve requests only; `hybridmem worker` processes curate (a replica of several)."
+        ),
+    ] = False,
     *,
     store: StoreOptions,
 ) -> None:
@@ -50,7 +56,7 @@ def serve(
     from hybridmem_local.service.state import ServiceState
 
     with reported(*USER_ERRORS):
-        state = ServiceState(store.db, cfg)
+        state = ServiceState(store.db, cfg, start_worker=not no_worker)
         state.open()
     try:
         if not no_auth and not state.keys.list():
@@ -65,6 +71,39 @@ def serve(
         uvicorn.run(service, host=bind, port=port or cfg.service.port, access_log=False, log_level="info")
     finally:
         state.close()  # a no-op after a clean shutdown; covers a failed start (port in use)
+
+
+@with_options
+def worker(*, store: StoreOptions) -> None:
+    """Curate the store's pending sessions until stopped (SIGTERM or Ctrl-C), beside any number of
+    other workers and `serve` replicas on the same store: each claims its own batches."""
+    import signal
+    import threading
+
+    from hybridmem_local.embedding import build_embedder
+    from hybridmem_local.llm.factory import store_llm
+    from hybridmem_local.service.worker import CurationWorker
+    from hybridmem_local.storage.encryption import load_keys
+
+    cfg = store.config
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with reported(*USER_ERRORS):
+        with store.open_store() as opened:  # where the store's LLM cache lives on this host
+            files_base = opened.path
+        llm = store_llm(cfg.llm, files_base, load_keys(cfg.store))
+        curation = CurationWorker(store.db, cfg, build_embedder(cfg.embedder), llm)
+    logging.getLogger("hybridmem_local.service.worker").setLevel(logging.INFO)
+    err.print(f"worker {curation.name} curating {'the PostgreSQL store' if cfg.store.url else store.db}")
+    curation.start()
+    try:
+        while not stop.wait(1.0) and curation.alive:
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if curation.close():
+            llm.close()  # else an abandoned LLM call may still return into it
 
 
 def _close_on_shutdown(service, state) -> None:

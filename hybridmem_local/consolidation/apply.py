@@ -120,7 +120,7 @@ def undo_run(store: MemoryStore, run_id: int, namespace: str | None = None) -> U
     (NotFoundError otherwise); ConsolidationError as :func:`plan_undo` says."""
     if namespace is not None:
         try:
-            run_namespace = store.runs.get(run_id)["namespace"]
+            run_namespace = store.runs.get(run_id).namespace
         except NotFoundError:
             run_namespace = None
         if run_namespace != namespace:
@@ -149,9 +149,9 @@ def plan_undo(store: MemoryStore, run_id: int) -> UndoPlan:
     ConsolidationError when it is undone already, or a memory it touched was purged or changed
     since (by a later run: undo that one first). Call it inside the transaction that applies it."""
     row = store.runs.get(run_id)
-    if row["status"] == "undone":
+    if row.status == "undone":
         raise ConsolidationError(f"consolidation run {run_id} is already undone")
-    report = ConsolidationReport.model_validate_json(row["report"])
+    report = ConsolidationReport.model_validate_json(row.report)
     changed_ids = sorted({i for sources in report.merged.values() for i in sources} | set(report.deleted))
     merged_ids = sorted(report.merged)
     touched = changed_ids + merged_ids
@@ -170,7 +170,7 @@ def plan_undo(store: MemoryStore, run_id: int) -> UndoPlan:
             f"cannot undo consolidation run {run_id}: the events of memories {unrecorded[:10]} do not record their "
             "state before it"
         )
-    return UndoPlan(namespace=row["namespace"], restore=restore, merged_ids=merged_ids)
+    return UndoPlan(namespace=row.namespace, restore=restore, merged_ids=merged_ids)
 
 
 def _state(row: Mapping[str, Any] | None) -> tuple:

@@ -111,9 +111,7 @@ def redact_curated(
 
 def plan_in_store(store: MemoryStore, namespace: str, requests: Sequence[ForgetRequest]) -> RedactionPlan:
     """What ``requests`` name in the namespace's stored turns and memories; changes nothing."""
-    turns = [
-        TurnText(r["turn_id"], r["session_id"], r["speaker"], r["text"]) for r in store.sessions.turn_rows(namespace)
-    ]
+    turns = [TurnText(r.turn_id, r.session_id, r.speaker, r.text) for r in store.sessions.turn_rows(namespace)]
     return plan_redaction(requests, turns, store.memories.select(namespace, status=None))
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import sqlalchemy as sa
 
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder
@@ -39,7 +40,6 @@ from hybridmem_local.indexes.bm25 import LexicalIndex, bm25_document
 from hybridmem_local.indexes.vectors import SyncReport, VectorIndex
 from hybridmem_local.indexes.windows import WINDOW_KIND, WindowSet
 from hybridmem_local.schema import EvidenceWindow, MemoryKind
-from hybridmem_local.storage import encryption
 from hybridmem_local.storage.embedding_cache import text_hash
 from hybridmem_local.storage.paths import indexes_path
 from hybridmem_local.storage.store import MemoryStore
@@ -73,6 +73,9 @@ class StoreIndexes:
         self._windows_at: dict[str, Marker] = {}
         #: The change marker each loaded index was last caught up at.
         self._synced_at: dict[tuple[str, str, SourceKind], Marker] = {}
+        #: Called once whenever an index use finds the change marker moved (any process's commit).
+        self.on_store_change: list[Callable[[], object]] = []
+        self._noticed_at: Marker | None = None
 
     # ------------------------------------------------------------------ files
 
@@ -101,10 +104,10 @@ class StoreIndexes:
         """Store vectors in the embedding cache. Outside a write, a store that cannot take them
         (full, read-only) only logs it: the cache saves re-embedding, and a search must not fail
         for it (a write's own transaction still fails as a whole)."""
-        inside_write = self.store.conn.in_transaction
+        inside_write = self.store.in_transaction
         try:
             self.store.embedding_cache.put(namespace, model_id, texts, vectors)
-        except encryption.OperationalError as exc:
+        except sa.exc.OperationalError as exc:
             if inside_write:
                 raise
             log.warning("embedding cache not written (%s): %d texts will be embedded again next time", exc, len(texts))
@@ -128,6 +131,7 @@ class StoreIndexes:
 
     def dense(self, namespace: str, kind: SourceKind) -> VectorIndex:
         """The namespace's hnswlib index of ``kind``, caught up with the store."""
+        self._notice(self.store.change_marker())  # before any index object is taken
         key = (namespace, kind)
         embedder = self._embedder()
         if kind == WINDOW_KIND:
@@ -168,6 +172,7 @@ class StoreIndexes:
 
     def lexical(self, namespace: str, kind: SourceKind) -> LexicalIndex:
         """The namespace's BM25 index of ``kind``, caught up with the store."""
+        self._notice(self.store.change_marker())  # before any index object is taken
         key = (namespace, kind)
         if kind == WINDOW_KIND:
             windows = self._window_set(namespace)
@@ -205,8 +210,9 @@ class StoreIndexes:
         """The namespace's window set, reloaded if its turns changed. Every insert of turns moves
         the change marker, so the turns are checked only when it moved: their check counts the
         namespace's turns (~10 ms at 100k), too slow for every search."""
-        windows = self._window_set(namespace)
         marker = self.store.change_marker()  # read first, as in _catch_up
+        self._notice(marker)
+        windows = self._window_set(namespace)
         if self._windows_at.get(namespace) != marker:
             windows.refresh()
             self._windows_at[namespace] = marker
@@ -237,8 +243,21 @@ class StoreIndexes:
             before()
         report = sync()
         self._synced_at[key] = marker
-        if first and (report.rebuilt or report.added or report.removed):
+        # Built from nothing and still empty (a namespace the store does not hold, or one another
+        # process forgot): nothing to keep, and no folder named after it comes back to disk.
+        built_empty = report.rebuilt and not report.removed and len(index) == 0
+        if first and (report.rebuilt or report.added or report.removed) and not built_empty:
             index.save()  # the next process loads it as caught up here
+
+    def _notice(self, marker: Marker) -> None:
+        """Run the ``on_store_change`` callbacks once per move of the store's change marker (e.g.
+        the sweep of namespaces another process forgot: ``memory/erasure.py``). Called before an
+        index object is taken, so a callback that drops indexes never pulls one from under a use."""
+        if marker == self._noticed_at:
+            return
+        self._noticed_at = marker
+        for callback in self.on_store_change:
+            callback()
 
     def _memory_vectors(self, namespace: str, ids: np.ndarray) -> np.ndarray:
         rows = self.store.memories.get_many([int(i) for i in ids])

@@ -54,7 +54,7 @@ def load_windows(store: MemoryStore, namespace: str, size: int, stride: int) -> 
     windows: dict[int, EvidenceWindow] = {}
     session_rows: list = []
     for row in rows + [None]:
-        if session_rows and (row is None or row["session_id"] != session_rows[0]["session_id"]):
+        if session_rows and (row is None or row.session_id != session_rows[0].session_id):
             windows.update(_session_windows(namespace, session_rows, size, stride))
             session_rows = []
         if row is not None:
@@ -72,11 +72,11 @@ def with_source_turns(store: MemoryStore, result: SearchResult) -> SearchResult:
         update={
             "source_turns": [
                 EvidenceWindow(
-                    id=row["id"],
+                    id=row.id,
                     namespace=result.namespace,
-                    session_id=row["session_id"],
-                    session_date=datetime.fromisoformat(row["started_at"]),
-                    start=row["position"],
+                    session_id=row.session_id,
+                    session_date=datetime.fromisoformat(row.started_at),
+                    start=row.position,
                     turns=[_turn(row)],
                 )
                 for row in rows
@@ -86,21 +86,21 @@ def with_source_turns(store: MemoryStore, result: SearchResult) -> SearchResult:
 
 
 def _turn(row) -> Turn:
-    return Turn(turn_id=row["turn_id"], speaker=row["speaker"], text=row["text"], image_caption=row["image_caption"])
+    return Turn(turn_id=row.turn_id, speaker=row.speaker, text=row.text, image_caption=row.image_caption)
 
 
 def _session_windows(namespace: str, rows: list, size: int, stride: int) -> dict[int, EvidenceWindow]:
     turns = [_turn(r) for r in rows]
-    date = datetime.fromisoformat(rows[0]["started_at"])
+    date = datetime.fromisoformat(rows[0].started_at)
     out = {}
     for start in window_starts(len(rows), size, stride):
         first = rows[start]
-        out[first["id"]] = EvidenceWindow(
-            id=first["id"],
+        out[first.id] = EvidenceWindow(
+            id=first.id,
             namespace=namespace,
-            session_id=first["session_id"],
+            session_id=first.session_id,
             session_date=date,
-            start=first["position"],
+            start=first.position,
             turns=turns[start : start + size],
         )
     return out

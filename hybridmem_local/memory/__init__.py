@@ -94,6 +94,10 @@ class HybridMemory:
         self.config = config
         self.indexes = self._parts.indexes
         self.retriever = self._parts.retriever
+        # What another process forgot leaves this host too: at open, and whenever an index use
+        # finds the store changed (another replica's forget moves the change marker).
+        self.indexes.on_store_change.append(lambda: erasure.sweep_forgotten(self._parts))
+        erasure.sweep_forgotten(self._parts)
 
     @classmethod
     def open(
@@ -227,6 +231,13 @@ class HybridMemory:
         """Sessions stored raw (``pending``; ``curation_failed`` too with ``retry_failed``), oldest
         first, of one namespace or all; at most ``limit``."""
         return ingestion.sessions_to_curate(self._parts, namespace, retry_failed, limit)
+
+    def claim_sessions(self, worker: str, limit: int, lease_s: float) -> list[Session]:
+        """Claim up to ``limit`` pending sessions, oldest first, for ``worker`` until ``lease_s``
+        from now: sessions another worker holds an unexpired claim on are skipped (on
+        PostgreSQL, rows another worker is claiming right now too: ``FOR UPDATE SKIP LOCKED``).
+        Storing a session's curation (or its failure) ends its claim."""
+        return [r.session for r in self.store.sessions.claim(worker, limit, lease_s)]
 
     def mark_curation_failed(self, sessions: Sequence[Session], error: str) -> int:
         """Mark those of ``sessions`` still pending ``curation_failed`` with ``error`` (their raw

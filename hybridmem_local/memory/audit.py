@@ -21,8 +21,9 @@ _R = TypeVar("_R")
 _C = TypeVar("_C", bound=type)
 
 #: Public members of ``HybridMemory`` that leave no audit entry, each with its reason. Every other
-#: public method is recorded (``audit_public_methods``). None of these changes the store
-#: (tests/storage/test_audit.py calls each and finds every row as it was).
+#: public method is recorded (``audit_public_methods``). None of these changes the store but for
+#: a worker's claim on sessions (tests/storage/test_audit.py calls each and finds every row as it
+#: was, claims aside).
 UNAUDITED: Final[Mapping[str, str]] = MappingProxyType(
     {
         "open": "builds the facade; what is then called on it is recorded",
@@ -35,6 +36,10 @@ UNAUDITED: Final[Mapping[str, str]] = MappingProxyType(
         "sessions_to_curate": (
             "the curation worker's poll of the queue, every service.worker_poll_s: an entry per poll would bury "
             "the trail; the curate_stored that takes the sessions records what their curation changed"
+        ),
+        "claim_sessions": (
+            "the curation worker's claim on its batch (who curates a session until when, no content), every "
+            "poll with work: the curate_stored that follows records what the batch changed"
         ),
     }
 )

@@ -159,8 +159,10 @@ class ServiceState:
     def _build_llm(self) -> StructuredLLM:
         from hybridmem_local.llm.factory import store_llm
 
-        # The store's LLM, as HybridMemory.llm builds it: the same call cache beside the store.
-        return store_llm(self.config.llm, self.db, load_keys(self.config.store))
+        # The store's LLM, as HybridMemory.llm builds it: the same call cache beside the store
+        # (for a PostgreSQL store, in this host's folder of its local files).
+        files_base = self._memory.store.path if self._memory is not None else self.db
+        return store_llm(self.config.llm, files_base, load_keys(self.config.store))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -2,13 +2,21 @@
 
 The queue is the store: a session added through the service is a ``pending`` row (raw turns
 committed before the client got its 202), so a crash or restart loses nothing; the next worker
-simply finds the rows again. Each round the worker takes up to ``curation.batch_sessions``
+simply finds the rows again. Each round the worker claims up to ``curation.batch_sessions``
 pending sessions of *all* namespaces, oldest first, and curates them with one batched LLM call
 (many clients' sessions share a batch: what vLLM's continuous batching needs to pay off). Each
 session's memories and its ``curated`` status commit in one transaction, a failed session
 becomes ``curation_failed`` (raw turns kept, retried with ``hybridmem curate --retry-failed``),
 and a session another process curated meanwhile is skipped, never stored twice. Then scheduled
 consolidation (``consolidation.every_n_sessions``) runs for the namespaces the batch touched.
+
+Several workers share one queue (in one ``hybridmem serve``, in ``hybridmem worker`` processes,
+on any host of a PostgreSQL store): a claim names its worker and lasts
+``service.claim_lease_s``, renewed every third of it by a heartbeat thread while the batch runs.
+Workers skip sessions another holds (on PostgreSQL with ``FOR UPDATE SKIP LOCKED``); a worker
+killed mid-batch stops renewing, and once its lease runs out another worker takes its sessions.
+A session whose curation two workers both finished (the first one's lease ran out while its
+LLM still worked) is stored once: the second finds it curated and skips it.
 
 The worker wakes on ``wake()`` (the service calls it after storing sessions) or every
 ``service.worker_poll_s``. When idle it also finishes a forget's scrub that another
@@ -18,8 +26,12 @@ connection's read held up (``HybridMemory.retry_pending_scrubs``).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -27,7 +39,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.config import Config
 from hybridmem_local.embedding import Embedder
-from hybridmem_local.errors import WorkerStopped
+from hybridmem_local.errors import StoreUnavailableError, WorkerStopped
 from hybridmem_local.llm.base import LLMRequest, LLMResult, StructuredLLM
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.schema import Session, utcnow
@@ -90,6 +102,8 @@ class CurationWorker:
 
     def __init__(self, db: Path, config: Config, embedder: Embedder, llm: StructuredLLM):
         self.config = config
+        #: Names this worker's claims: unique per worker, readable in the sessions table.
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._abandoned = threading.Event()
@@ -202,15 +216,26 @@ class CurationWorker:
     def run_once(self) -> bool:
         """Curate one batch; False when nothing was pending or the batch failed as a whole
         (the loop then waits a poll before the next round)."""
-        sessions = self.memory.sessions_to_curate(limit=self.config.curation.batch_sessions)
+        lease_s = self.config.service.claim_lease_s
+        sessions = self.memory.claim_sessions(self.name, self.config.curation.batch_sessions, lease_s)
         if not sessions:
             return False
         try:
-            report = self.memory.curate_stored(sessions)
+            with self._heartbeat(lease_s):
+                report = self.memory.curate_stored(sessions)
         except WorkerStopped:
+            self._release_claims()
             raise
+        except StoreUnavailableError as exc:
+            # The database went away mid-batch: what was not committed was rolled back whole;
+            # the sessions stay pending (not failed) and are claimed again once it is back.
+            log.warning("curation worker: the store went away mid-batch (%s); its sessions stay pending", exc)
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            self._release_claims()
+            return False
         except Exception as exc:  # noqa: BLE001 - whatever it was, the sessions must not loop forever
             self._fail_batch(sessions, exc)
+            self._release_claims()
             return False
         self._batches += 1
         self._curated += report.curated
@@ -231,6 +256,35 @@ class CurationWorker:
             report.usage.llm_s,
         )
         return True
+
+    @contextmanager
+    def _heartbeat(self, lease_s: float) -> Iterator[None]:
+        """Renew the batch's claims every third of the lease while the block runs (its own
+        connection: the worker's is busy with the batch)."""
+        done = threading.Event()
+
+        def renew() -> None:
+            while not done.wait(lease_s / 3):
+                try:
+                    with self._status_lock:
+                        self._status_store.sessions.renew_claims(self.name, lease_s)
+                except Exception:  # noqa: BLE001 - a missed renewal only shortens the claim
+                    log.exception("curation worker: cannot renew the claims of its batch")
+
+        thread = threading.Thread(target=renew, name="curation-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+    def _release_claims(self) -> None:
+        try:
+            with self._status_lock:
+                self._status_store.sessions.release_claims(self.name)
+        except Exception:  # noqa: BLE001 - the claims then run out by themselves
+            log.exception("curation worker: cannot release the claims of its batch")
 
     def _fail_batch(self, sessions: Sequence[Session], exc: Exception) -> None:
         """An error outside the curator's own handling (the LLM cannot be built, the disk is

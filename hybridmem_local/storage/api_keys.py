@@ -4,9 +4,10 @@ a revoked key stays (with ``revoked_at``) so the history of who could reach what
 from __future__ import annotations
 
 import json
-import sqlite3
 from datetime import datetime
+from typing import Any
 
+import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 
 from hybridmem_local.errors import NotFoundError
@@ -40,26 +41,26 @@ class ApiKeys:
         with self.db.transaction() as c:
             c.execute(
                 "INSERT INTO api_keys (key_id, salt, key_hash, role, namespaces, label, created_at, revoked_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
-                (
-                    key.key_id,
-                    key.salt,
-                    key.key_hash,
-                    key.role,
-                    json.dumps(key.namespaces),
-                    key.label,
-                    key.created_at.isoformat(),
-                ),
+                "VALUES (:key_id, :salt, :key_hash, :role, :namespaces, :label, :created_at, NULL)",
+                {
+                    "key_id": key.key_id,
+                    "salt": key.salt,
+                    "key_hash": key.key_hash,
+                    "role": key.role,
+                    "namespaces": json.dumps(key.namespaces),
+                    "label": key.label,
+                    "created_at": key.created_at.isoformat(),
+                },
             )
             self._key_events(key, "key_created")
 
     def get(self, key_id: str) -> ApiKeyRow | None:
-        row = self.db.conn.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+        row = self.db.execute("SELECT * FROM api_keys WHERE key_id = :key_id", {"key_id": key_id}).first()
         return None if row is None else _row_to_api_key(row)
 
     def select(self) -> list[ApiKeyRow]:
         """Every key, revoked ones included, oldest first."""
-        return [_row_to_api_key(r) for r in self.db.conn.execute("SELECT * FROM api_keys ORDER BY created_at, key_id")]
+        return [_row_to_api_key(r) for r in self.db.execute("SELECT * FROM api_keys ORDER BY created_at, key_id")]
 
     def revoke(self, key_id: str) -> ApiKeyRow:
         """Mark a key revoked (idempotent: a second revoke keeps the first time and logs nothing)."""
@@ -69,7 +70,10 @@ class ApiKeys:
                 raise NotFoundError(f"no API key with id {key_id!r}")
             if key.revoked_at is None:
                 now = utcnow()
-                c.execute("UPDATE api_keys SET revoked_at = ? WHERE key_id = ?", (now.isoformat(), key_id))
+                c.execute(
+                    "UPDATE api_keys SET revoked_at = :revoked_at WHERE key_id = :key_id",
+                    {"revoked_at": now.isoformat(), "key_id": key_id},
+                )
                 key = key.model_copy(update={"revoked_at": now})
                 self._key_events(key, "key_revoked")
         return key
@@ -80,14 +84,14 @@ class ApiKeys:
             self.events.record(namespace, action, None, None, None, after, None)
 
 
-def _row_to_api_key(row: sqlite3.Row) -> ApiKeyRow:
+def _row_to_api_key(row: sa.Row[Any]) -> ApiKeyRow:
     return ApiKeyRow(
-        key_id=row["key_id"],
-        salt=row["salt"],
-        key_hash=row["key_hash"],
-        role=row["role"],
-        namespaces=json.loads(row["namespaces"]),
-        label=row["label"],
-        created_at=datetime.fromisoformat(row["created_at"]),
-        revoked_at=datetime.fromisoformat(row["revoked_at"]) if row["revoked_at"] else None,
+        key_id=row.key_id,
+        salt=bytes(row.salt),
+        key_hash=bytes(row.key_hash),
+        role=row.role,
+        namespaces=json.loads(row.namespaces),
+        label=row.label,
+        created_at=datetime.fromisoformat(row.created_at),
+        revoked_at=datetime.fromisoformat(row.revoked_at) if row.revoked_at else None,
     )

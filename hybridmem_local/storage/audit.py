@@ -18,13 +18,15 @@ FastAPI, anyio and the MCP SDK run its sync code in (each copies the context), a
 one shared object, so ids noted there land in the request's entry.
 
 Writing: an operation appends its entry on its own connection in a short write transaction
-of its own (~0.1 ms; a commit of this connection does not move its indexes' change marker, as
-another connection's would). When another connection holds the write lock (the curation worker,
-a CLI ingest, a VACUUM) for more than ``LOCK_WAIT_MS``, the entry goes to :class:`AuditWriter`
-instead, one thread per store with its own connection, so a read never stalls behind a long
-write; entries queued there in the last moments before a crash are lost.
-The previous hash is read inside the same ``BEGIN IMMEDIATE`` transaction that appends, so
-writers of several connections and processes extend one linear chain.
+of its own (~0.1 ms; on SQLite a commit of this connection does not move its indexes' change
+marker, as another connection's would). When another connection holds the write lock (the
+curation worker, a CLI ingest, a VACUUM) for more than ``LOCK_WAIT_MS``, the entry goes to
+:class:`AuditWriter` instead, one thread per store with its own connection, so a read never
+stalls behind a long write; entries queued there in the last moments before a crash are lost.
+The previous hash is read inside the same write transaction that appends, which holds the
+store's writer lock (SQLite's ``BEGIN IMMEDIATE``, PostgreSQL's advisory lock), so writers of
+several connections, processes and replicas extend one linear chain. An entry's id is part of
+its hash, so entries are inserted with the ids the chain gives them, never the database's.
 """
 
 from __future__ import annotations
@@ -35,17 +37,17 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 
-from hybridmem_local.errors import AuditChainError, HybridMemError
+from hybridmem_local.errors import AuditChainError, HybridMemError, StoreUnavailableError
 from hybridmem_local.schema import utcnow
-from hybridmem_local.storage import encryption
 from hybridmem_local.storage.connection import Database
 
 log = logging.getLogger(__name__)
@@ -258,13 +260,13 @@ class AuditLog:
     # ------------------------------------------------------------------ writing
 
     def append(self, entries: Sequence[PendingEntry]) -> list[int]:
-        """Chain and store ``entries`` in one write transaction; returns their ids."""
-        with self.db.transaction() as c:
+        """Chain and store ``entries`` in one write transaction; returns their ids. No index
+        holds the trail, so other replicas' indexes are not told to look again."""
+        with self.db.transaction(indexed=False) as c:
             last = c.execute("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1").fetchone()
             if last is None:
-                anchor = c.execute("SELECT through_id, hash FROM audit_anchor WHERE id = 1").fetchone()
-                last = tuple(anchor) if anchor is not None else (0, GENESIS)
-            entry_id, prev = last
+                last = c.execute("SELECT through_id, hash FROM audit_anchor WHERE id = 1").fetchone()
+            entry_id, prev = tuple(last) if last is not None else (0, GENESIS)
             ids = []
             for entry in entries:
                 entry_id += 1
@@ -273,18 +275,18 @@ class AuditLog:
                 )
                 c.execute(
                     "INSERT INTO audit_log (id, at, actor, action, namespace, refs, outcome, prev_hash, hash) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        entry_id,
-                        entry.at,
-                        entry.actor,
-                        entry.action,
-                        entry.namespace,
-                        json.dumps(entry.refs, separators=(",", ":")),
-                        entry.outcome,
-                        prev,
-                        digest,
-                    ),
+                    "VALUES (:id, :at, :actor, :action, :namespace, :refs, :outcome, :prev_hash, :hash)",
+                    {
+                        "id": entry_id,
+                        "at": entry.at,
+                        "actor": entry.actor,
+                        "action": entry.action,
+                        "namespace": entry.namespace,
+                        "refs": json.dumps(entry.refs, separators=(",", ":")),
+                        "outcome": entry.outcome,
+                        "prev_hash": prev,
+                        "hash": digest,
+                    },
                 )
                 ids.append(entry_id)
                 prev = digest
@@ -298,18 +300,13 @@ class AuditLog:
         if self.db.path is None:
             self.append(entries)  # nothing else can reach an in-memory store
             return
-        short_wait = not self.db.conn.in_transaction  # inside the caller's transaction: its lock is held
+        short_wait = not self.db.in_transaction  # inside the caller's transaction: its lock is held
         try:
-            if short_wait:
-                self.db.conn.execute(f"PRAGMA busy_timeout = {LOCK_WAIT_MS}")
-            try:
+            with self.db.lock_wait(LOCK_WAIT_MS) if short_wait else nullcontext():
                 self.append(entries)
-                return
-            finally:
-                if short_wait:
-                    self.db.conn.execute(f"PRAGMA busy_timeout = {int(self.db.busy_timeout_ms)}")
-        except encryption.Error as exc:
-            # Locked past the short wait (or the disk refused the write): the operation itself
+            return
+        except (sa.exc.DBAPIError, StoreUnavailableError) as exc:
+            # Locked past the short wait (or the disk refused the write, or the database is away): the operation itself
             # succeeded or failed on its own; the writer thread keeps the entry and retries.
             log.debug("audit: handing %d entries to the writer thread: %s", len(entries), exc)
         self.submit(entries)
@@ -320,8 +317,7 @@ class AuditLog:
             if self._writer is None:
                 if self.db.path is None:
                     raise AuditChainError("an in-memory store has no second connection to write its audit from")
-                path, timeout, keys = self.db.path, self.db.busy_timeout_ms, self.db.keys
-                self._writer = AuditWriter(lambda: AuditLog(Database(path, timeout, keys)))
+                self._writer = AuditWriter(lambda: AuditLog(self.db.reopen()))
         self._writer.submit(entries)
 
     def flush(self, timeout_s: float | None = None) -> bool:
@@ -347,23 +343,23 @@ class AuditLog:
     ) -> list[AuditEntry]:
         """Entries in chain order, of one actor (key id), namespace, from a time on."""
         where: list[str] = []
-        args: list[str | int] = []
+        params: dict[str, str | int] = {}
         for column, value in (("actor", actor), ("namespace", namespace)):
             if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
+                where.append(f"{column} = :{column}")
+                params[column] = value
         if since is not None:
-            where.append("at >= ?")
-            args.append(since.isoformat())
+            where.append("at >= :since")
+            params["since"] = since.isoformat()
         sql = "SELECT * FROM audit_log" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         if limit is not None:
-            sql += " LIMIT ?"
-            args.append(limit)
-        return [_entry(row) for row in self.db.conn.execute(sql, args)]
+            sql += " LIMIT :limit"
+            params["limit"] = limit
+        return [_entry(row) for row in self.db.execute(sql, params)]
 
     def verify(self) -> Verdict:
         """Walk the chain from its anchor; the first entry that is missing, edited or out of place."""
-        anchor = self.db.conn.execute("SELECT through_id, hash FROM audit_anchor WHERE id = 1").fetchone()
+        anchor = self.db.execute("SELECT through_id, hash FROM audit_anchor WHERE id = 1").fetchone()
         anchor_id, prev = tuple(anchor) if anchor is not None else (0, GENESIS)
         expected_id, count = anchor_id + 1, 0
 
@@ -372,7 +368,7 @@ class AuditLog:
                 ok=False, entries=count, anchor_id=anchor_id, head_hash=prev, first_bad_id=entry_id, problem=problem
             )
 
-        for row in self.db.conn.execute(
+        for row in self.db.execute(
             "SELECT id, at, actor, action, namespace, refs, outcome, prev_hash, hash FROM audit_log ORDER BY id"
         ):
             entry_id, at, actor, action, namespace, refs, outcome, prev_hash, digest = row
@@ -407,26 +403,34 @@ class AuditLog:
         if not verdict.ok:
             raise AuditChainError(f"the audit chain does not verify, not trimming it: {verdict.problem}")
         with self.db.transaction() as c:
-            newer = c.execute("SELECT min(id) FROM audit_log WHERE at >= ?", (before.isoformat(),)).fetchone()[0]
-            last = c.execute(
-                "SELECT id, hash FROM audit_log WHERE (? IS NULL OR id < ?) ORDER BY id DESC LIMIT 1", (newer, newer)
-            ).fetchone()
+            newer = c.scalar("SELECT min(id) FROM audit_log WHERE at >= :before", {"before": before.isoformat()})
+            if newer is None:  # every entry is older
+                last = c.execute("SELECT id, hash FROM audit_log ORDER BY id DESC LIMIT 1").fetchone()
+            else:
+                last = c.execute(
+                    "SELECT id, hash FROM audit_log WHERE id < :newer ORDER BY id DESC LIMIT 1", {"newer": newer}
+                ).fetchone()
             if last is None:
                 trimmed = 0
             else:
                 through_id, through_hash = last
                 c.execute(
-                    "INSERT OR REPLACE INTO audit_anchor (id, through_id, hash, at) VALUES (1, ?, ?, ?)",
-                    (through_id, through_hash, utcnow().isoformat()),
+                    "INSERT INTO audit_anchor (id, through_id, hash, at) VALUES (1, :through_id, :hash, :at) "
+                    "ON CONFLICT (id) DO UPDATE SET through_id = excluded.through_id, hash = excluded.hash, "
+                    "at = excluded.at",
+                    {"through_id": through_id, "hash": through_hash, "at": utcnow().isoformat()},
                 )
-                trimmed = c.execute("DELETE FROM audit_log WHERE id <= ?", (through_id,)).rowcount
+                trimmed = c.execute(
+                    "DELETE FROM audit_log WHERE id <= :through_id", {"through_id": through_id}
+                ).rowcount
             scope = AuditScope(actor=actor or ACTOR.get() or _LOCAL_ACTOR, action="audit.trim")
             scope.note(None, trimmed=[trimmed], before=[before.isoformat()])
             self.append(scope.entries())
         return trimmed
 
 
-def _entry(row: Any) -> AuditEntry:
+def _entry(result_row: sa.Row[Any]) -> AuditEntry:
+    row = result_row._mapping
     return AuditEntry(
         id=row["id"],
         at=row["at"],

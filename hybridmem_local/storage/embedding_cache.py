@@ -26,13 +26,12 @@ class EmbeddingCache:
         hashes = sorted({text_hash(t) for t in texts})
         found: dict[str, np.ndarray] = {}
         for chunk in chunks(hashes):
-            marks = ",".join("?" * len(chunk))
-            for h, dim, blob in self.db.conn.execute(
-                "SELECT text_hash, dim, vector FROM embeddings WHERE namespace = ? AND model_id = ? AND text_hash "
-                f"IN ({marks})",
-                (namespace, model_id, *chunk),
+            for row in self.db.execute(
+                "SELECT text_hash, dim, vector FROM embeddings "
+                "WHERE namespace = :namespace AND model_id = :model_id AND text_hash IN :text_hashes",
+                {"namespace": namespace, "model_id": model_id, "text_hashes": chunk},
             ):
-                found[h] = np.frombuffer(blob, dtype=np.float32, count=dim)
+                found[row.text_hash] = np.frombuffer(row.vector, dtype=np.float32, count=row.dim)
         return found
 
     def put(self, namespace: str, model_id: str, texts: Sequence[str], vectors: np.ndarray) -> None:
@@ -40,10 +39,18 @@ class EmbeddingCache:
         with self.db.transaction() as c:
             self.namespaces.ensure(namespace)
             c.executemany(
-                "INSERT OR REPLACE INTO embeddings (namespace, model_id, text_hash, dim, vector) VALUES (?, ?, ?, ?, "
-                "?)",
+                "INSERT INTO embeddings (namespace, model_id, text_hash, dim, vector) "
+                "VALUES (:namespace, :model_id, :text_hash, :dim, :vector) "
+                "ON CONFLICT (namespace, model_id, text_hash) "
+                "DO UPDATE SET dim = excluded.dim, vector = excluded.vector",
                 [
-                    (namespace, model_id, text_hash(t), vectors.shape[1], v.tobytes())
+                    {
+                        "namespace": namespace,
+                        "model_id": model_id,
+                        "text_hash": text_hash(t),
+                        "dim": vectors.shape[1],
+                        "vector": v.tobytes(),
+                    }
                     for t, v in zip(texts, vectors, strict=True)
                 ],
             )

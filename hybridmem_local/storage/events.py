@@ -4,9 +4,11 @@ is a row with the JSON of the row before and after it."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
 
 from hybridmem_local.results import Event
 from hybridmem_local.schema import utcnow
@@ -30,20 +32,21 @@ class EventLog:
     ) -> None:
         """Append one event (inside the caller's transaction: the change and its event go together),
         and name what it changed to the audit trail's operation in progress (ids only)."""
-        self.db.conn.execute(
-            "INSERT INTO events (namespace, at, action, memory_id, run_id, before, after, reason) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                namespace,
-                utcnow().isoformat(),
-                action,
-                memory_id,
-                run_id,
-                json.dumps(before) if before is not None else None,
-                json.dumps(after) if after is not None else None,
-                reason,
-            ),
-        )
+        with self.db.transaction() as c:
+            c.execute(
+                "INSERT INTO events (namespace, at, action, memory_id, run_id, before, after, reason) "
+                "VALUES (:namespace, :at, :action, :memory_id, :run_id, :before, :after, :reason)",
+                {
+                    "namespace": namespace,
+                    "at": utcnow().isoformat(),
+                    "action": action,
+                    "memory_id": memory_id,
+                    "run_id": run_id,
+                    "before": json.dumps(before) if before is not None else None,
+                    "after": json.dumps(after) if after is not None else None,
+                    "reason": reason,
+                },
+            )
         after = after or {}
         changed = [memory_id] if memory_id is not None else after.get("memory_ids", [])  # a purge lists them
         audit.note(
@@ -56,38 +59,40 @@ class EventLog:
     def history(self, memory_id: int) -> list[Event]:
         return [
             _row_to_event(r)
-            for r in self.db.conn.execute("SELECT * FROM events WHERE memory_id = ? ORDER BY id", (memory_id,))
+            for r in self.db.execute(
+                "SELECT * FROM events WHERE memory_id = :memory_id ORDER BY id", {"memory_id": memory_id}
+            )
         ]
 
     def of_run(self, run_id: int) -> list[Event]:
         return [
             _row_to_event(r)
-            for r in self.db.conn.execute("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
+            for r in self.db.execute("SELECT * FROM events WHERE run_id = :run_id ORDER BY id", {"run_id": run_id})
         ]
 
     def after(self, memory_ids: Sequence[int], event_id: int) -> list[Event]:
         """Events of ``memory_ids`` recorded after event ``event_id``, oldest first."""
         events: list[Event] = []
         for chunk in chunks(memory_ids):
-            marks = ",".join("?" * len(chunk))
             events += [
                 _row_to_event(r)
-                for r in self.db.conn.execute(
-                    f"SELECT * FROM events WHERE memory_id IN ({marks}) AND id > ? ORDER BY id", (*chunk, event_id)
+                for r in self.db.execute(
+                    "SELECT * FROM events WHERE memory_id IN :memory_ids AND id > :event_id ORDER BY id",
+                    {"memory_ids": chunk, "event_id": event_id},
                 )
             ]
         return sorted(events, key=lambda e: e.id)
 
 
-def _row_to_event(row: sqlite3.Row) -> Event:
+def _row_to_event(row: sa.Row[Any]) -> Event:
     return Event(
-        id=row["id"],
-        namespace=row["namespace"],
-        at=datetime.fromisoformat(row["at"]),
-        action=row["action"],
-        memory_id=row["memory_id"],
-        run_id=row["run_id"],
-        before=json.loads(row["before"]) if row["before"] else None,
-        after=json.loads(row["after"]) if row["after"] else None,
-        reason=row["reason"],
+        id=row.id,
+        namespace=row.namespace,
+        at=datetime.fromisoformat(row.at),
+        action=row.action,
+        memory_id=row.memory_id,
+        run_id=row.run_id,
+        before=json.loads(row.before) if row.before else None,
+        after=json.loads(row.after) if row.after else None,
+        reason=row.reason,
     )

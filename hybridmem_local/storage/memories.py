@@ -14,12 +14,12 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+import sqlalchemy as sa
 
 from hybridmem_local.errors import NotFoundError
 from hybridmem_local.schema import (
@@ -42,6 +42,8 @@ _MEMORY_COLUMNS = (
     "id, namespace, kind, title, summary, details, entity, relation, object, context, timestamp, "
     "source_session_id, source_turn_ids, provenance, created_at, status, superseded_by"
 )
+#: ``LIMIT`` without a limit (an ``OFFSET`` alone): the largest BIGINT, as SQLite and PostgreSQL both take it.
+_NO_LIMIT = 2**63 - 1
 
 
 class Memories:
@@ -74,7 +76,7 @@ class Memories:
                         "context, "
                         "timestamp, source_session_id, source_turn_ids, provenance, created_at) "
                         "VALUES (:namespace, :kind, :title, :summary, :details, :entity, :relation, :object, :context, "
-                        ":timestamp, :source_session_id, :source_turn_ids, :provenance, :created_at)",
+                        ":timestamp, :source_session_id, :source_turn_ids, :provenance, :created_at) RETURNING id",
                         {**data, "namespace": namespace, "source_session_id": session_id, "created_at": now},
                     )
                 )
@@ -95,8 +97,14 @@ class Memories:
         with self.db.transaction() as c:
             before = self._row_json(memory_id)
             c.execute(
-                "UPDATE memories SET status = ?, superseded_by = ?, status_reason = ? WHERE id = ?",
-                (MemoryStatus(status).value, superseded_by, reason, memory_id),
+                "UPDATE memories SET status = :status, superseded_by = :superseded_by, status_reason = :reason "
+                "WHERE id = :id",
+                {
+                    "status": MemoryStatus(status).value,
+                    "superseded_by": superseded_by,
+                    "reason": reason,
+                    "id": memory_id,
+                },
             )
             self.events.record(
                 before["namespace"],
@@ -115,10 +123,10 @@ class Memories:
         and those of its session (a model restating a memory of the session under another date)."""
         return [
             _row_to_memory(r)
-            for r in self.db.conn.execute(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = ? AND kind = ? AND status = 'active' "
-                "AND (timestamp = ? OR source_session_id = ?) ORDER BY id",
-                (namespace, kind, timestamp, session_id),
+            for r in self.db.execute(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = :namespace AND kind = :kind "
+                "AND status = 'active' AND (timestamp = :timestamp OR source_session_id = :session_id) ORDER BY id",
+                {"namespace": namespace, "kind": kind, "timestamp": timestamp, "session_id": session_id},
             )
         ]
 
@@ -133,8 +141,8 @@ class Memories:
             union = list(dict.fromkeys([*old, *turn_ids]))
             combined = combine_provenance([before["provenance"] if old else None, provenance if turn_ids else None])
             c.execute(
-                "UPDATE memories SET source_turn_ids = ?, provenance = ? WHERE id = ?",
-                (json.dumps(union), combined, memory_id),
+                "UPDATE memories SET source_turn_ids = :source_turn_ids, provenance = :provenance WHERE id = :id",
+                {"source_turn_ids": json.dumps(union), "provenance": combined, "id": memory_id},
             )
             self.events.record(
                 before["namespace"], "duplicate", memory_id, None, before, self._row_json(memory_id), reason
@@ -176,15 +184,15 @@ class Memories:
         return [i for i in ids if i not in rows or rows[i]["status"] != MemoryStatus.active.value]
 
     def _row_json(self, memory_id: int) -> dict[str, Any]:
-        row = self.db.conn.execute(
-            f"SELECT {_MEMORY_COLUMNS}, status_reason FROM memories WHERE id = ?", (memory_id,)
+        row = self.db.execute(
+            f"SELECT {_MEMORY_COLUMNS}, status_reason FROM memories WHERE id = :id", {"id": memory_id}
         ).fetchone()
         if row is None:
             raise NotFoundError(f"no memory with id {memory_id}")
-        return dict(zip(row.keys(), row, strict=True))  # a sqlite3.Row iterates over values, not keys
+        return dict(row._mapping)
 
     def get(self, memory_id: int) -> Episode | RelationalTuple:
-        row = self.db.conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = ?", (memory_id,)).fetchone()
+        row = self.db.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = :id", {"id": memory_id}).fetchone()
         if row is None:
             raise NotFoundError(f"no memory with id {memory_id}")
         return _row_to_memory(row)
@@ -192,9 +200,8 @@ class Memories:
     def get_many(self, ids: Sequence[int]) -> dict[int, Episode | RelationalTuple]:
         out: dict[int, Episode | RelationalTuple] = {}
         for chunk in chunks(ids):
-            marks = ",".join("?" * len(chunk))
-            for row in self.db.conn.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN ({marks})", chunk):
-                out[row["id"]] = _row_to_memory(row)
+            for row in self.db.execute(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id IN :ids", {"ids": chunk}):
+                out[row.id] = _row_to_memory(row)
         return out
 
     def select(
@@ -206,22 +213,24 @@ class Memories:
         offset: int = 0,
     ) -> list[Episode | RelationalTuple]:
         """Memories in id order; ``limit``/``offset`` page through them (ids never move, so pages are stable)."""
-        sql = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = ?"
-        args: list[str | int] = [namespace]
+        sql = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = :namespace"
+        params: dict[str, str | int] = {"namespace": namespace}
         if kind is not None:
-            sql, args = sql + " AND kind = ?", [*args, kind]
+            sql, params["kind"] = sql + " AND kind = :kind", kind
         if status is not None:
-            sql, args = sql + " AND status = ?", [*args, MemoryStatus(status).value]
+            sql, params["status"] = sql + " AND status = :status", MemoryStatus(status).value
         sql += " ORDER BY id"
         if limit is not None or offset:
-            # SQLite needs a LIMIT for an OFFSET; -1 means no limit.
-            sql, args = sql + " LIMIT ? OFFSET ?", [*args, -1 if limit is None else int(limit), int(offset)]
-        return [_row_to_memory(r) for r in self.db.conn.execute(sql, args)]
+            # SQLite needs a LIMIT for an OFFSET, and PostgreSQL refuses SQLite's -1 for "no limit":
+            # the largest BIGINT means none on both.
+            sql += " LIMIT :limit OFFSET :offset"
+            params.update(limit=_NO_LIMIT if limit is None else int(limit), offset=int(offset))
+        return [_row_to_memory(r) for r in self.db.execute(sql, params)]
 
     def active_ids(self, namespace: str, kind: MemoryKind) -> np.ndarray:
-        rows = self.db.conn.execute(
-            "SELECT id FROM memories WHERE namespace = ? AND kind = ? AND status = 'active' ORDER BY id",
-            (namespace, kind),
+        rows = self.db.execute(
+            "SELECT id FROM memories WHERE namespace = :namespace AND kind = :kind AND status = 'active' ORDER BY id",
+            {"namespace": namespace, "kind": kind},
         ).fetchall()
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
 
@@ -229,32 +238,34 @@ class Memories:
         """id → {status, superseded_by, status_reason} for the ids that exist."""
         rows: dict[int, dict[str, Any]] = {}
         for chunk in chunks(ids):
-            marks = ",".join("?" * len(chunk))
-            for r in self.db.conn.execute(
-                f"SELECT id, status, superseded_by, status_reason FROM memories WHERE id IN ({marks})", chunk
+            for r in self.db.execute(
+                "SELECT id, status, superseded_by, status_reason FROM memories WHERE id IN :ids", {"ids": chunk}
             ):
-                rows[r["id"]] = dict(r)
+                rows[r.id] = dict(r._mapping)
         return rows
 
     def retired_before(self, namespace: str, cutoff: datetime) -> set[int]:
         """Non-active memories whose last change (or creation) is older than ``cutoff``."""
         return {
             r[0]
-            for r in self.db.conn.execute(
-                "SELECT m.id, coalesce(max(e.at), m.created_at) AS changed_at FROM memories m "
-                "LEFT JOIN events e ON e.memory_id = m.id "
-                "WHERE m.namespace = ? AND m.status != 'active' GROUP BY m.id HAVING changed_at < ?",
-                (namespace, cutoff.isoformat()),
+            for r in self.db.execute(
+                # PostgreSQL's HAVING cannot name an output column: the expression is repeated.
+                "SELECT m.id FROM memories m LEFT JOIN events e ON e.memory_id = m.id "
+                "WHERE m.namespace = :namespace AND m.status != 'active' "
+                "GROUP BY m.id, m.created_at HAVING coalesce(max(e.at), m.created_at) < :cutoff",
+                {"namespace": namespace, "cutoff": cutoff.isoformat()},
             )
         }
 
     def superseded_pointers(self, namespace: str) -> dict[int, int]:
         """memory id → the id of the memory that superseded it."""
-        return dict(
-            self.db.conn.execute(
-                "SELECT id, superseded_by FROM memories WHERE namespace = ? AND superseded_by IS NOT NULL", (namespace,)
-            ).fetchall()
-        )
+        return {
+            r.id: r.superseded_by
+            for r in self.db.execute(
+                "SELECT id, superseded_by FROM memories WHERE namespace = :namespace AND superseded_by IS NOT NULL",
+                {"namespace": namespace},
+            )
+        }
 
 
 def _memory_columns(memory: EpisodeDraft | TupleDraft) -> dict[str, Any]:
@@ -270,9 +281,10 @@ def _memory_columns(memory: EpisodeDraft | TupleDraft) -> dict[str, Any]:
     return data
 
 
-def _row_to_memory(row: sqlite3.Row) -> Episode | RelationalTuple:
+def _row_to_memory(result_row: sa.Row[Any]) -> Episode | RelationalTuple:
     # Rows were validated on their way in (insert takes drafts), so they are built without
     # validating again: ~13 µs a row instead of ~30, ~0.5 ms of a 30-hit search.
+    row = result_row._mapping
     turn_ids = json.loads(row["source_turn_ids"])
     common = dict(
         id=row["id"],

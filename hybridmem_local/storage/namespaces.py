@@ -15,20 +15,26 @@ class Namespaces:
 
     def ensure(self, namespace: str) -> None:
         check_namespace(namespace)
-        self.db.conn.execute(
-            "INSERT OR IGNORE INTO namespaces (name, created_at) VALUES (?, ?)",
-            (namespace, utcnow().isoformat()),
-        )
+        with self.db.transaction() as c:
+            c.execute(
+                "INSERT INTO namespaces (name, created_at) VALUES (:name, :created_at) ON CONFLICT DO NOTHING",
+                {"name": namespace, "created_at": utcnow().isoformat()},
+            )
 
     def names(self) -> list[str]:
-        return [r[0] for r in self.db.conn.execute("SELECT name FROM namespaces ORDER BY name")]
+        return [r.name for r in self.db.execute("SELECT name FROM namespaces ORDER BY name")]
 
     def record_export(self, namespace: str, path: Path) -> None:
         """Remember an export file so ``forget`` can remove it too."""
-        self.db.conn.execute(
-            "INSERT OR REPLACE INTO exports (namespace, path, created_at) VALUES (?, ?, ?)",
-            (namespace, str(Path(path).resolve()), utcnow().isoformat()),
-        )
+        with self.db.transaction() as c:
+            c.execute(
+                "INSERT INTO exports (namespace, path, created_at) VALUES (:namespace, :path, :created_at) "
+                "ON CONFLICT (namespace, path) DO UPDATE SET created_at = excluded.created_at",
+                {"namespace": namespace, "path": str(Path(path).resolve()), "created_at": utcnow().isoformat()},
+            )
 
     def exports(self, namespace: str) -> list[Path]:
-        return [Path(r[0]) for r in self.db.conn.execute("SELECT path FROM exports WHERE namespace = ?", (namespace,))]
+        return [
+            Path(r.path)
+            for r in self.db.execute("SELECT path FROM exports WHERE namespace = :namespace", {"namespace": namespace})
+        ]

@@ -4,6 +4,8 @@
 * ``<db>.llm_cache.sqlite``: the LLM call cache (:func:`llm_cache_path`);
 * ``<db>.indexes/``: the index files, a cache of the store (:func:`indexes_path`);
 * ``<db>.keyid``: the public id of the key an encrypted store is encrypted with (:func:`keyid_path`);
+* ``<db>.forgotten-seen``: the last forget (of any process) this host removed its local copies for
+  (:func:`forgotten_seen_path`);
 * ``<file>.scrub-pending``: the database or the cache still holds deleted text in its WAL
   (:func:`pending_marker`).
 
@@ -33,6 +35,11 @@ def indexes_path(path: Path) -> Path:
 def keyid_path(path: Path) -> Path:
     """The sidecar naming the key id an encrypted database (or cache) was encrypted with."""
     return Path(str(path) + ".keyid")
+
+
+def forgotten_seen_path(path: Path) -> Path:
+    """The last forget tombstone this host has swept its local files for (``memory/erasure.py``)."""
+    return Path(str(path) + ".forgotten-seen")
 
 
 def pending_marker(path: Path) -> Path:

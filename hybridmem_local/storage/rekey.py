@@ -182,6 +182,11 @@ def rotate_key(path: str | Path, old: StoreKeys, new: StoreKeys) -> RotateReport
     cache = llm_cache_path(path)
     database_key = _which_key(path, old, new)
     cache_key = _which_key(cache, old, new) if cache.exists() else new
+    # A rotation killed between a file's rekey and its sidecar's rename leaves the sidecar naming
+    # the old key: record the key each file opens with before deciding what is left to do.
+    for file, keys in ((path, database_key), (cache, cache_key)):
+        if keys is new and file.exists():
+            encryption.write_key_id(file, new)
     with _claimed(path, database_key) as db:
         exports = _known_exports(db)
         stale_exports = [file for file in exports if file.exists() and _export_key(file, old, new) is not new]

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
+
+import sqlalchemy as sa
 
 from hybridmem_local.errors import NotFoundError
 from hybridmem_local.schema import check_namespace, utcnow
@@ -18,35 +19,46 @@ class ConsolidationRuns:
 
     def start(self, namespace: str, backend: str, params: dict[str, Any]) -> int:
         """A new run row, status 'applied' (it commits with the changes it makes)."""
-        return inserted_id(
-            self.db.conn.execute(
-                "INSERT INTO consolidation_runs (namespace, started_at, status, backend, params) VALUES (?, ?, "
-                "'applied', ?, ?)",
-                (namespace, utcnow().isoformat(), backend, json.dumps(params)),
+        with self.db.transaction() as c:
+            return inserted_id(
+                c.execute(
+                    "INSERT INTO consolidation_runs (namespace, started_at, status, backend, params) "
+                    "VALUES (:namespace, :started_at, 'applied', :backend, :params) RETURNING id",
+                    {
+                        "namespace": namespace,
+                        "started_at": utcnow().isoformat(),
+                        "backend": backend,
+                        "params": json.dumps(params),
+                    },
+                )
             )
-        )
 
     def finish(self, run_id: int, namespace: str, report_json: str) -> None:
         """Store the run's report and restart the namespace's sessions-since-consolidation count."""
         with self.db.transaction() as c:
             c.execute(
-                "UPDATE consolidation_runs SET finished_at = ?, report = ? WHERE id = ?",
-                (utcnow().isoformat(), report_json, run_id),
+                "UPDATE consolidation_runs SET finished_at = :finished_at, report = :report WHERE id = :run_id",
+                {"finished_at": utcnow().isoformat(), "report": report_json, "run_id": run_id},
             )
-            c.execute("UPDATE namespaces SET sessions_since_consolidation = 0 WHERE name = ?", (namespace,))
+            c.execute(
+                "UPDATE namespaces SET sessions_since_consolidation = 0 WHERE name = :namespace",
+                {"namespace": namespace},
+            )
 
-    def get(self, run_id: int) -> sqlite3.Row:
-        row = self.db.conn.execute("SELECT * FROM consolidation_runs WHERE id = ?", (run_id,)).fetchone()
+    def get(self, run_id: int) -> sa.Row[Any]:
+        row = self.db.execute("SELECT * FROM consolidation_runs WHERE id = :run_id", {"run_id": run_id}).first()
         if row is None:
             raise NotFoundError(f"no consolidation run with id {run_id}")
         return row
 
     def mark_undone(self, run_id: int) -> None:
-        self.db.conn.execute("UPDATE consolidation_runs SET status = 'undone' WHERE id = ?", (run_id,))
+        with self.db.transaction() as c:
+            c.execute("UPDATE consolidation_runs SET status = 'undone' WHERE id = :run_id", {"run_id": run_id})
 
     def sessions_since_last(self, namespace: str) -> int:
         """Sessions stored in ``namespace`` since its last consolidation run (or ever)."""
-        row = self.db.conn.execute(
-            "SELECT sessions_since_consolidation FROM namespaces WHERE name = ?", (check_namespace(namespace),)
-        ).fetchone()
-        return 0 if row is None else row[0]
+        count = self.db.scalar(
+            "SELECT sessions_since_consolidation FROM namespaces WHERE name = :namespace",
+            {"namespace": check_namespace(namespace)},
+        )
+        return 0 if count is None else int(count)

@@ -217,8 +217,19 @@ def planted_clusters(ids: dict[str, int]) -> dict[str, list[list[int]]]:
     }
 
 
+#: The order ``rows`` lists each table in: its key (there is no rowid on PostgreSQL).
+ORDER = {
+    "memories": "id",
+    "events": "id",
+    "consolidation_runs": "id",
+    "sessions": "id",
+    "namespaces": "name",
+    "embeddings": "namespace, model_id, text_hash",
+}
+
+
 def rows(memory: HybridMemory, table: str) -> list[dict]:
-    return [dict(r) for r in memory.store.conn.execute(f"SELECT * FROM {table} ORDER BY rowid")]
+    return [dict(r._mapping) for r in memory.store.execute(f"SELECT * FROM {table} ORDER BY {ORDER[table]}")]
 
 
 def snapshot(memory: HybridMemory) -> dict[str, list[dict]]:
@@ -289,19 +300,16 @@ def test_dry_run_records_plan_and_real_run_replays_it_from_the_cache(memory, pla
     assert sorted(e.action for e in events) == ["deleted"] * 2 + ["merge"] * 2 + ["superseded"] * 5
     assert [e.action for e in memory.history(planted["hike2"])] == ["add", "superseded"]
 
-    run = memory.store.conn.execute("SELECT * FROM consolidation_runs WHERE id = ?", (report.run_id,)).fetchone()
-    assert run["status"] == "applied" and run["backend"] == "given" and run["finished_at"]
-    params = json.loads(run["params"])
+    run = memory.store.execute("SELECT * FROM consolidation_runs WHERE id = :id", {"id": report.run_id}).fetchone()
+    assert run.status == "applied" and run.backend == "given" and run.finished_at
+    params = json.loads(run.params)
     assert params["consolidation"]["umap"]["n_neighbors"] == 10
     assert params["consolidation"]["hdbscan"]["min_cluster_size"] == 10
-    stored = ConsolidationReport.model_validate_json(run["report"])
+    stored = ConsolidationReport.model_validate_json(run.report)
     assert stored.merged == report.merged and stored.plan is None
-    assert "Mount Tam" not in run["report"], "the run row keeps ids, not memory text"
+    assert "Mount Tam" not in run.report, "the run row keeps ids, not memory text"
     assert (
-        memory.store.conn.execute(
-            "SELECT sessions_since_consolidation FROM namespaces WHERE name = ?", (NS,)
-        ).fetchone()[0]
-        == 0
+        memory.store.scalar("SELECT sessions_since_consolidation FROM namespaces WHERE name = :name", {"name": NS}) == 0
     )
 
     # Search sees the merged rows, not their sources.
@@ -358,9 +366,7 @@ def test_undo_restores_exact_rows_and_search_results(memory, planted):
 
     assert [e.action for e in memory.history(planted["hike1"])] == ["add", "superseded", "undo"]
     assert [e.action for e in memory.store.events.of_run(report.run_id)].count("undo") == 9
-    status = memory.store.conn.execute(
-        "SELECT status FROM consolidation_runs WHERE id = ?", (report.run_id,)
-    ).fetchone()[0]
+    status = memory.store.scalar("SELECT status FROM consolidation_runs WHERE id = :id", {"id": report.run_id})
     assert status == "undone"
     with pytest.raises(ConsolidationError, match="already undone"):
         memory.undo(report.run_id)
@@ -547,8 +553,10 @@ def test_maybe_consolidate_waits_for_enough_sessions(memory, planted):
     report = memory.consolidate_if_due(NS, llm=RefusingLLM())
     assert report is not None and report.run_id is not None and report.llm.requests == 0
     assert "clustering needs at least" in report.stores["episode"].clustering_skipped
-    counter = memory.store.conn.execute("SELECT sessions_since_consolidation FROM namespaces WHERE name = ?", (NS,))
-    assert counter.fetchone()[0] == 0
+    counter = memory.store.scalar(
+        "SELECT sessions_since_consolidation FROM namespaces WHERE name = :name", {"name": NS}
+    )
+    assert counter == 0
     assert memory.consolidate_if_due(NS, llm=RefusingLLM()) is None
 
 
@@ -563,10 +571,15 @@ def test_purge_removes_old_non_active_rows_their_vectors_and_history(memory, pla
     assert result.memories == len(gone) == 7 and result.kept_referenced == 0
     assert memory.store.memories.get_many(gone) == {}
     assert all(memory.store.events.history(i) == [] for i in gone)
-    hashes = {r[0] for r in memory.store.conn.execute("SELECT text_hash FROM embeddings WHERE namespace = ?", (NS,))}
+    hashes = {
+        r.text_hash
+        for r in memory.store.execute(
+            "SELECT text_hash FROM embeddings WHERE namespace = :namespace", {"namespace": NS}
+        )
+    }
     assert not hashes & gone_texts
     assert result.embeddings == len(gone_texts)
-    purge_event = memory.store.conn.execute("SELECT after FROM events WHERE action = 'purge'").fetchone()[0]
+    purge_event = memory.store.scalar("SELECT after FROM events WHERE action = 'purge'")
     assert json.loads(purge_event)["memory_ids"] == gone
     assert search_results(memory) == active_before
     with pytest.raises(ConsolidationError, match="purged"):

@@ -203,7 +203,7 @@ def test_a_request_redacts_turns_memories_and_indexes_and_undo_restores_exactly(
         [redaction] = memory.redactions("alice")
         assert redaction.status == "pending" and redaction.undoable and redaction.turn_ids == ["s1:0", "s1:1"]
         assert redaction.requests[0]["what"] == "my social security number"
-        events = memory.store.conn.execute(
+        events = memory.store.execute(
             "SELECT after FROM events WHERE action = 'redact' AND memory_id IS NULL"
         ).fetchall()
         assert len(events) == 1 and SSN not in events[0][0]
@@ -272,7 +272,7 @@ ASKED = "Please forget my social security number."
 
 
 def redact_events(memory: HybridMemory) -> list[str]:
-    rows = memory.store.conn.execute(
+    rows = memory.store.execute(
         "SELECT action FROM events WHERE action IN ('redact', 'forget_request') ORDER BY id"
     ).fetchall()
     return [row[0] for row in rows]

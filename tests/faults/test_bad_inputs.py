@@ -119,7 +119,7 @@ def _stored_verbatim(text: str):
     def check(memory: HybridMemory):
         record = memory.store.sessions.get("alice", "n1")
         assert record.session.turns[0].text == text
-        assert {t[0] for t in memory.store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} >= {
+        assert {t[0] for t in memory.store.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} >= {
             "memories",
             "sessions",
             "turns",

@@ -142,8 +142,9 @@ def _consolidate(
 def _undo(memory: HybridMemory, pick: int) -> None:
     runs = [
         r[0]
-        for r in memory.store.conn.execute(
-            "SELECT id FROM consolidation_runs WHERE namespace = ? AND status = 'applied' ORDER BY id", (NS,)
+        for r in memory.store.execute(
+            "SELECT id FROM consolidation_runs WHERE namespace = :namespace AND status = 'applied' ORDER BY id",
+            {"namespace": NS},
         )
     ]
     if not runs:

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from hybridmem_local.cli.main import app
@@ -66,9 +67,9 @@ def _full_store(tmp_path, hashing_embedder):
     items = curated_sessions("alice", 3, seed=11)
     memory = HybridMemory.open(tmp_path / "m.db", embedder=hashing_embedder)
     _add(memory, items[0])
-    memory.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    pages = memory.store.conn.execute("PRAGMA page_count").fetchone()[0]
-    memory.store.conn.execute(f"PRAGMA max_page_count = {pages}")
+    memory.store.sqlite.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    pages = memory.store.sqlite.execute("PRAGMA page_count").fetchone()[0]
+    memory.store.sqlite.execute(f"PRAGMA max_page_count = {pages}")
     big = items[1].model_copy(deep=True)
     big.session.turns[0].text = "x" * 90_000  # needs pages the database may not grow to
     return memory, items[0], big
@@ -80,15 +81,15 @@ def test_a_full_database_refuses_the_session_whole_and_accepts_it_once_there_is_
     with memory:
         before_search = memory.search(QUERIES[0], namespace="alice")
         before = rows(db)
-        with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        with pytest.raises(sa.exc.OperationalError, match="database or disk is full"):
             _add(memory, big)
         assert memory.store.integrity_check() == "ok"
-        assert not memory.store.conn.in_transaction
+        assert not memory.store.in_transaction
         assert not memory.store.sessions.exists("alice", big.session.session_id)
         assert memory.search(QUERIES[0], namespace="alice") == before_search  # nothing half-indexed
         assert rows(db) == before
 
-        memory.store.conn.execute("PRAGMA max_page_count = 1073741823")
+        memory.store.sqlite.execute("PRAGMA max_page_count = 1073741823")
         _add(memory, big)
     assert_integrity(db)
     assert set(session_states(db, [first, big]).values()) == {"present"}
@@ -99,7 +100,7 @@ def test_a_filling_disk_stops_ingest_with_sqlites_error_and_keeps_every_committe
     items = curated_sessions("alice", 200, seed=12)
     written = []
     with HybridMemory.open(db, embedder=hashing_embedder) as memory:
-        with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        with pytest.raises(sa.exc.OperationalError, match="database or disk is full"):
             for item in items:
                 _add(memory, item)
                 written.append(item)

@@ -154,9 +154,10 @@ def test_clients_adding_and_searching_at_once_lose_nothing_and_match_a_fresh_ope
             record = fresh.store.sessions.get(ns, sid)
             assert record.curation_status == "curated" and len(record.session.turns) == TURNS
             assert (
-                fresh.store.conn.execute(
-                    "SELECT count(*) FROM memories WHERE namespace = ? AND source_session_id = ?", (ns, sid)
-                ).fetchone()[0]
+                fresh.store.scalar(
+                    "SELECT count(*) FROM memories WHERE namespace = :namespace AND source_session_id = :session_id",
+                    {"namespace": ns, "session_id": sid},
+                )
                 == MEMORIES_PER_SESSION
             )
         for ns, memory_id, title in writes["memories"]:

@@ -4,15 +4,17 @@ change is an event (without the secret), and the ``hybridmem keys`` commands dri
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
+import sqlalchemy as sa
+from alembic.migration import MigrationContext
+from alembic.operations import Operations
 from typer.testing import CliRunner
 
 from hybridmem_local.cli.main import app
 from hybridmem_local.errors import NotFoundError
 from hybridmem_local.service.keys import ApiKey, KeyRing, Role
-from hybridmem_local.storage.migrations import SCHEMA_VERSION
+from hybridmem_local.storage.migrations import MIGRATIONS, SCHEMA_VERSION
 from hybridmem_local.storage.store import MemoryStore
 
 runner = CliRunner()
@@ -92,7 +94,7 @@ def test_key_changes_are_events_without_secrets(store):
     ring = KeyRing(store)
     key, token = ring.create(["alice", "bob"], "read", label="dashboard")
     ring.revoke(key.key_id)
-    rows = store.conn.execute("SELECT namespace, action, memory_id, after FROM events ORDER BY id").fetchall()
+    rows = store.execute("SELECT namespace, action, memory_id, after FROM events ORDER BY id").fetchall()
     assert [(r[0], r[1]) for r in rows] == [
         ("alice", "key_created"),
         ("bob", "key_created"),
@@ -112,20 +114,15 @@ def test_key_changes_are_events_without_secrets(store):
 
 def test_a_version_1_store_gains_the_keys_table(tmp_path):
     path = tmp_path / "old.db"
-    conn = sqlite3.connect(path)
-    from hybridmem_local.storage.migrations import MIGRATIONS, split_sql
-
-    for statement in split_sql(MIGRATIONS[1]):
-        conn.execute(statement)
-    conn.execute("INSERT INTO namespaces (name, created_at) VALUES ('alice', '2023-01-01T00:00:00+00:00')")
-    conn.execute("PRAGMA user_version = 1")
-    conn.commit()
-    conn.close()
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        MIGRATIONS[1](Operations(MigrationContext.configure(connection=conn)))
+        conn.execute(sa.text("INSERT INTO namespaces (name, created_at) VALUES ('alice', '2023-01-01T00:00:00+00:00')"))
+        conn.exec_driver_sql("PRAGMA user_version = 1")
+    engine.dispose()
     store = MemoryStore(path)
     try:
-        assert (
-            store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        )  # migrated through every version since
+        assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION  # migrated through every version since
         assert store.namespaces.names() == ["alice"]
         _, token = KeyRing(store).create(["alice"], "read")
         assert KeyRing(store).authenticate(token) is not None

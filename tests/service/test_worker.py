@@ -69,6 +69,13 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 60, what: str =
         time.sleep(0.05)
 
 
+def finished(state: ServiceState, sessions: int) -> bool:
+    """The queue is empty and the worker has counted ``sessions`` curated or failed: its last batch
+    is over (a batch's last status commit empties the queue before the batch's counters move)."""
+    status = state.worker.status()
+    return status.pending == 0 and status.sessions_curated + status.sessions_failed == sessions
+
+
 def session_rows(db: Path) -> dict[tuple[str, str], tuple[str, str | None, int]]:
     """(namespace, session id) → (curation status, error, memories citing the session), read apart."""
     conn = sqlite3.connect(db)
@@ -113,7 +120,7 @@ def test_one_batched_llm_call_curates_sessions_of_several_namespaces(tmp_path, h
             embedder=hashing_embedder,
         ) as state:
             state.enqueue(sessions)
-            wait_until(lambda: state.worker.status().pending == 0, what="the queue to drain")
+            wait_until(lambda: finished(state, len(sessions)), what="the queue to drain")
             status = state.worker.status()
     finally:
         server.stop()
@@ -142,9 +149,9 @@ def test_failed_sessions_become_curation_failed_and_the_worker_goes_on(tmp_path,
             tmp_path / "m.db", config_for(server, **{"curation.batch_sessions": 4}), embedder=hashing_embedder
         ) as state:
             state.enqueue(first)
-            wait_until(lambda: state.worker.status().pending == 0, what="the first sessions")
+            wait_until(lambda: finished(state, len(first)), what="the first sessions")
             state.enqueue(later)
-            wait_until(lambda: state.worker.status().pending == 0, what="the later session")
+            wait_until(lambda: finished(state, len(first) + len(later)), what="the later session")
             status = state.worker.status()
             assert state.ready
     finally:

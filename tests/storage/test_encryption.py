@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from hybridmem_local.cli.main import app
@@ -22,7 +23,7 @@ from hybridmem_local.files.sealing import MAGIC
 from hybridmem_local.memory import HybridMemory
 from hybridmem_local.storage import encryption
 from hybridmem_local.storage.encryption import StoreKeys
-from hybridmem_local.storage.paths import indexes_path, llm_cache_path
+from hybridmem_local.storage.paths import indexes_path, keyid_path, llm_cache_path
 from hybridmem_local.storage.rekey import check_store, encrypt_store, rotate_key
 from hybridmem_local.storage.store import MemoryStore
 from tests.encrypted_stores import (
@@ -156,8 +157,8 @@ def vacuumed(db: Path, keys: StoreKeys) -> tuple[int, int]:
     try:
         store.scrub()
         return (
-            int(store.conn.execute("PRAGMA page_size").fetchone()[0]),
-            int(store.conn.execute("PRAGMA page_count").fetchone()[0]),
+            int(store.sqlite.execute("PRAGMA page_size").fetchone()[0]),
+            int(store.sqlite.execute("PRAGMA page_count").fetchone()[0]),
         )
     finally:
         store.close()
@@ -185,7 +186,7 @@ def test_a_bit_flipped_page_is_caught_never_read_as_data(store_dir, keyring, pag
     # Reading every row fails loudly or returns exactly what was written, never other bytes.
     try:
         read = stored_texts(db, key_file)
-    except (StoreError, *encryption.DatabaseError):
+    except (StoreError, sa.exc.DatabaseError):
         return
     assert read == written
 
@@ -347,6 +348,22 @@ def test_check_names_a_cache_left_under_the_other_key(store_dir, keyring):
     assert report.llm_cache is not None and "an interrupted `hybridmem master-key rotate`" in report.llm_cache.status
     finished = rotate_key(db, old, new)
     assert finished.database and not finished.llm_cache
+    assert check_store(db, new).ok
+
+
+def test_rotate_rerun_records_the_new_key_of_a_file_rekeyed_before_its_sidecar(store_dir, keyring):
+    """A rotation killed after the database's rekey but before its sidecar's rename: every file
+    opens with the new key, so the rerun has nothing to re-encrypt, yet it records the key id."""
+    old_file, new_file = keyring / "master.key", keyring / "new.key"
+    old, new = write_key_file(old_file), write_key_file(new_file)
+    db = make_store(store_dir, old_file, old)
+    rotate_key(db, old, new)
+    keyid_path(db).write_text(old.key_id + "\n")
+
+    with pytest.raises(EncryptionKeyError, match="already uses the new key"):
+        rotate_key(db, old, new)
+
+    assert encryption.recorded_key_id(db) == new.key_id
     assert check_store(db, new).ok
 
 
