@@ -78,7 +78,7 @@ class Database:
             # A forget whose scrub another connection blocked finishes here, once it is gone.
             self.retry_pending_scrub()
         except BaseException as exc:
-            self.close()  # a store that cannot open keeps no connection (or file handle) behind
+            Database.close(self)  # a store that cannot open keeps no connection (or file handle) behind
             if isinstance(exc, sa.exc.DBAPIError):
                 raise StoreError(f"cannot open store {location}: {exc.orig}") from exc
             raise
