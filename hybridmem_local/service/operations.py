@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from hybridmem_local.errors import ForbiddenError, InvalidInputError, NotFoundError
 from hybridmem_local.results import (
@@ -57,7 +57,7 @@ from hybridmem_local.service.schemas import (
 )
 from hybridmem_local.service.state import ServiceState
 from hybridmem_local.storage import audit
-from hybridmem_local.storage.audit import AuditEntry
+from hybridmem_local.storage.audit import AuditEntry, Verdict
 
 # --------------------------------------------------------------------------- who may act on which namespace
 
@@ -188,6 +188,23 @@ class Reader:
             next_offset=offset + limit if more else None,
         )
 
+    def sessions(self, status: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[SessionRecord], bool]:
+        """A page of the namespace's sessions in date order (of one curation status or any), and
+        whether more follow."""
+        if not 1 <= limit <= MAX_PAGE or offset < 0:
+            raise InvalidInputError(f"limit must be 1-{MAX_PAGE} and offset at least 0, got {limit} and {offset}")
+        with self.state.memory() as memory:
+            records = memory.sessions(self.namespace, status)
+        return records[offset : offset + limit], len(records) > offset + limit
+
+    def session_memories(self, session_id: str, limit: int = MAX_PAGE) -> list[Episode | RelationalTuple]:
+        """The memories (any status) curated from a session of this namespace, in id order."""
+        with self.state.memory() as memory:
+            memory.get_session(self.namespace, session_id)  # NotFoundError for another namespace's
+            found = memory.store.memories.of_session(self.namespace, session_id, limit)
+        audit.note(self.namespace, memories=[m.id for m in found if m.id is not None])
+        return found
+
     def memory(self, memory_id: int) -> Episode | RelationalTuple:
         """The memory, or NotFoundError when it is missing or another namespace's (not revealed)."""
         with self.state.memory() as memory:
@@ -243,6 +260,12 @@ class Writer(Reader):
             memory.delete(memory_id, reason=reason, namespace=self.namespace)
             return memory.get(memory_id)
 
+    def update_memory(self, memory_id: int, reason: str, fields: dict[str, Any]) -> Episode | RelationalTuple:
+        """Store the changed memory as a new one that supersedes it (``HybridMemory.update``); returns the new one."""
+        with self.state.memory() as memory:
+            memory.get(memory_id, namespace=self.namespace)  # NotFoundError for another namespace's
+            return memory.update(memory_id, reason, **fields)
+
 
 class Admin(Writer):
     role: ClassVar[Role] = Role.admin
@@ -264,6 +287,19 @@ class Admin(Writer):
         """What forget requests in this namespace's conversations removed (without the removed text)."""
         with self.state.memory() as memory:
             return memory.redactions(self.namespace, status)
+
+    def redaction_texts(self, redaction_id: int) -> dict[str, tuple[str, str]]:
+        """turn id → (original, redacted) text of a pending redaction: the removed spans, for review
+        by an admin only (nothing once it is confirmed or undone)."""
+        with self.state.memory() as memory:
+            redaction = memory.store.redactions.get(redaction_id)
+            if redaction.namespace != self.namespace:
+                raise NotFoundError(f"no redaction with id {redaction_id}")
+            if redaction.status != "pending":
+                return {}
+            originals = memory.store.redactions.originals(redaction_id)
+        audit.note(self.namespace, redactions=[redaction_id])
+        return {t: (text, originals["redacted"].get(t, "")) for t, text in originals["turns"].items()}
 
     def undo_redaction(self, redaction_id: int) -> Redaction:
         with self.state.memory() as memory:
@@ -322,6 +358,11 @@ class AuditReader:
             raise InvalidInputError(f"limit must be 1-{MAX_PAGE}, got {limit}")
         return self.state.audit_entries(actor, namespace, since, limit)
 
+    def verify(self) -> Verdict:
+        """Walk the trail's hash chain (``hybridmem audit verify``)."""
+        with self.state.memory() as memory:
+            return memory.store.audit.verify()
+
 
 # --------------------------------------------------------------------------- the entry point
 
@@ -348,6 +389,13 @@ class Operations:
 
     def admin(self, scope: Scope, namespace: str | None) -> Admin:
         return self.on(Admin, scope, namespace)
+
+    def namespaces(self, key: ApiKey) -> list[str]:
+        """The namespaces a key reaches: its own, or every one in the store for an all-namespace key."""
+        if ALL_NAMESPACES not in key.namespaces:
+            return list(key.namespaces)
+        with self.state.memory() as memory:
+            return sorted(memory.store.namespaces.names())
 
     def audit(self, key: ApiKey) -> AuditReader:
         if key.role != Role.admin or key.revoked_at is not None or key.namespaces != [ALL_NAMESPACES]:

@@ -204,6 +204,15 @@ class Memories:
                 out[row.id] = _row_to_memory(row)
         return out
 
+    def of_session(self, namespace: str, session_id: str, limit: int) -> list[Episode | RelationalTuple]:
+        """The memories (any status) curated from a session of ``namespace``, in id order, at most ``limit``."""
+        rows = self.db.execute(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = :namespace AND source_session_id = :session_id "
+            "ORDER BY id LIMIT :limit",
+            {"namespace": namespace, "session_id": session_id, "limit": int(limit)},
+        )
+        return [_row_to_memory(row) for row in rows]
+
     def select(
         self,
         namespace: str,
