@@ -264,14 +264,17 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one function per page, re
     def namespaces(request: Request, key: Key, offset: str = "0") -> HTMLResponse:
         start = _offset(offset)
         names = _ops(request).namespaces(key)
+        shown = names[start : start + PAGE]
+        latest = _ops(request).last_activity(key, shown)  # one query for the page, not one per namespace
         rows = []
-        for name in names[start : start + PAGE]:
+        for name in shown:
             stats = _ops(request).on(Reader, KeyScope(key), name).stats()
-            rows.append(_summary(name, stats.counts, stats.index_sizes))
+            rows.append({**_summary(name, stats.counts, stats.index_sizes), "last_activity": latest.get(name)})
         return _page(
             request,
             "namespaces.html",
             rows=rows,
+            forgotten=request.query_params.get("forgotten"),
             offset=start,
             next_offset=start + PAGE if len(names) > start + PAGE else None,
             prev_offset=max(0, start - PAGE) if start else None,
@@ -293,6 +296,14 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one function per page, re
             more_pending=more_pending,
             more_failed=more_failed,
         )
+
+    @app.post("/namespaces/{namespace}/forget")
+    def forget_namespace(ops: Administers, form: Form) -> Response:
+        # The same handle as DELETE /v1/namespaces/{namespace}; the typed name guards against a slip.
+        if form.get("confirm_text", "").strip() != ops.namespace:
+            raise InvalidInputError(f"type the namespace's name, {ops.namespace}, to forget it")
+        ops.forget()
+        return _see(f"/namespaces?{urlencode({'forgotten': ops.namespace})}")
 
     # ------------------------------------------------------------------ memories
 
@@ -325,8 +336,15 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one function per page, re
             context.update(search=result)
         else:
             start = _offset(offset)
-            page = ops.list_memories(kind_filter, status, PAGE, start)  # type: ignore[arg-type]
-            query = {k: v for k, v in filters.items() if v and k in ("kind", "status")}
+            page = ops.list_memories(
+                kind_filter,
+                status,  # type: ignore[arg-type]
+                PAGE,
+                start,
+                since=_date(since, "since"),
+                until=_date(until, "until"),
+            )
+            query = {k: v for k, v in filters.items() if v and k in ("kind", "status", "since", "until")}
             context.update(
                 page=page,
                 next_url=_url(ops.namespace, "memories", {**query, "offset": page.next_offset})
@@ -421,6 +439,11 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one function per page, re
             cited_by=cited_by,
         )
 
+    @app.post("/namespaces/{namespace}/sessions/{session_id}/retry")
+    def retry_curation(ops: Writes, session_id: str, form: Form) -> Response:
+        ops.retry_curation(session_id)
+        return _see(f"/namespaces/{quote(ops.namespace)}/sessions/{quote(session_id)}")
+
     # ------------------------------------------------------------------ ask
 
     @app.get("/namespaces/{namespace}/ask")
@@ -463,17 +486,32 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one function per page, re
 
     # ------------------------------------------------------------------ consolidation (admins)
 
+    def _consolidation(request: Request, ops: Admin, offset: str = "0", **context: Any) -> HTMLResponse:
+        start = _offset(offset)
+        runs, more = ops.runs(PAGE, start)
+        return _page(
+            request,
+            "consolidation.html",
+            namespace=ops.namespace,
+            runs=runs,
+            next_url=_url(ops.namespace, "consolidation", {"offset": start + PAGE}) if more else None,
+            prev_url=_url(ops.namespace, "consolidation", {"offset": max(0, start - PAGE)}) if start else None,
+            **{"report": None, "undone": None, **context},
+        )
+
     @app.get("/namespaces/{namespace}/consolidation")
-    def consolidation_page(request: Request, ops: Administers) -> HTMLResponse:
-        return _page(request, "consolidation.html", namespace=ops.namespace, report=None, undone=None)
+    def consolidation_page(request: Request, ops: Administers, offset: str = "0") -> HTMLResponse:
+        return _consolidation(request, ops, offset)
 
     @app.post("/namespaces/{namespace}/consolidation")
     def consolidate(request: Request, ops: Administers, form: Form) -> HTMLResponse:
         if form.get("undo_run"):
-            undone = ops.undo(_offset(form["undo_run"]) or 1)
-            return _page(request, "consolidation.html", namespace=ops.namespace, report=None, undone=undone)
-        report = ops.consolidate(dry_run=form.get("mode") != "apply")
-        return _page(request, "consolidation.html", namespace=ops.namespace, report=report, undone=None)
+            return _consolidation(request, ops, undone=ops.undo(_offset(form["undo_run"]) or 1))
+        return _consolidation(request, ops, report=ops.consolidate(dry_run=form.get("mode") != "apply"))
+
+    @app.get("/namespaces/{namespace}/consolidation/runs/{run_id}")
+    def run_page(request: Request, ops: Administers, run_id: int) -> HTMLResponse:
+        return _page(request, "run.html", namespace=ops.namespace, run=ops.run(run_id))
 
     # ------------------------------------------------------------------ audit (admins of '*')
 

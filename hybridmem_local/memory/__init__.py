@@ -467,9 +467,14 @@ class HybridMemory:
         status: MemoryStatus | None = MemoryStatus.active,
         limit: int | None = None,
         offset: int = 0,
+        *,
+        since: date | datetime | None = None,
+        until: date | datetime | None = None,
     ) -> list[Episode | RelationalTuple]:
-        """Memories in id order (``status=None``: any status); ``limit``/``offset`` page through them."""
-        return reads.page(self._parts, namespace, kind, status, limit, offset)
+        """Memories in id order (``status=None``: any status); ``limit``/``offset`` page through them.
+        ``since``/``until`` keep those whose timestamp (an ISO prefix) names a period overlapping
+        ``[since, until]``, filtered in the database."""
+        return reads.page(self._parts, namespace, kind, status, limit, offset, since, until)
 
     def history(self, memory_id: int, *, namespace: str | None = None) -> builtins.list[Event]:
         """Every change of a memory, oldest first (``namespace`` as in ``get``)."""

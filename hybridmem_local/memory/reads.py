@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import date, datetime
+
 from hybridmem_local.errors import NotFoundError
 from hybridmem_local.memory.components import Components
 from hybridmem_local.results import Event, Stats
@@ -29,10 +31,13 @@ def page(
     status: MemoryStatus | None,
     limit: int | None,
     offset: int,
+    since: date | datetime | None = None,
+    until: date | datetime | None = None,
 ) -> list[Episode | RelationalTuple]:
-    """Memories in id order (``status=None``: any status); ``limit``/``offset`` page through them."""
+    """Memories in id order (``status=None``: any status); ``limit``/``offset`` page through them;
+    ``since``/``until`` keep those whose timestamp overlaps the period (``Memories.select``)."""
     check_page(limit, offset)
-    return parts.store.memories.select(namespace, kind, status, limit=limit, offset=offset)
+    return parts.store.memories.select(namespace, kind, status, limit=limit, offset=offset, since=since, until=until)
 
 
 def history(parts: Components, memory_id: int, namespace: str | None) -> list[Event]:

@@ -172,13 +172,18 @@ class Reader:
         status: StatusFilter = "active",
         limit: int = 100,
         offset: int = 0,
+        since: date | None = None,
+        until: date | None = None,
     ) -> MemoryPage:
-        """Memories in id order, ``limit`` at a time (at most MAX_PAGE); ``next_offset`` is None on the last page."""
+        """Memories in id order, ``limit`` at a time (at most MAX_PAGE); ``next_offset`` is None on the
+        last page. ``since``/``until`` keep those dated within the period (in the database)."""
         if not 1 <= limit <= MAX_PAGE or offset < 0:
             raise InvalidInputError(f"limit must be 1-{MAX_PAGE} and offset at least 0, got {limit} and {offset}")
         wanted = None if status == "any" else MemoryStatus(status)
         with self.state.memory() as memory:
-            rows = memory.list(self.namespace, kind=kind, status=wanted, limit=limit + 1, offset=offset)
+            rows = memory.list(
+                self.namespace, kind=kind, status=wanted, limit=limit + 1, offset=offset, since=since, until=until
+            )
         more = len(rows) > limit
         return MemoryPage(
             namespace=self.namespace,
@@ -260,6 +265,17 @@ class Writer(Reader):
             memory.delete(memory_id, reason=reason, namespace=self.namespace)
             return memory.get(memory_id)
 
+    def retry_curation(self, session_id: str) -> SessionRecord:
+        """Put a session whose curation failed back in the queue (``pending``) and wake the
+        curation worker, which curates it like a new one (``hybridmem curate --retry-failed`` for
+        the whole namespace); InvalidInputError for a session that did not fail."""
+        with self.state.memory() as memory:
+            memory.get_session(self.namespace, session_id)  # NotFoundError for another namespace's
+            memory.store.sessions.requeue_failed(self.namespace, session_id)
+            record = memory.get_session(self.namespace, session_id)
+        self.state.worker.wake()
+        return record
+
     def update_memory(self, memory_id: int, reason: str, fields: dict[str, Any]) -> Episode | RelationalTuple:
         """Store the changed memory as a new one that supersedes it (``HybridMemory.update``); returns the new one."""
         with self.state.memory() as memory:
@@ -282,6 +298,25 @@ class Admin(Writer):
     def undo(self, run_id: int) -> UndoReport:
         with self.state.memory() as memory:
             return memory.undo(run_id, namespace=self.namespace)
+
+    def runs(self, limit: int = 50, offset: int = 0) -> tuple[list[RunSummary], bool]:
+        """A page of the namespace's consolidation runs, newest first, and whether more follow."""
+        if not 1 <= limit <= MAX_PAGE or offset < 0:
+            raise InvalidInputError(f"limit must be 1-{MAX_PAGE} and offset at least 0, got {limit} and {offset}")
+        with self.state.memory() as memory:
+            rows = memory.store.runs.select(self.namespace, limit + 1, offset)
+        return [RunSummary.of(row) for row in rows[:limit]], len(rows) > limit
+
+    def run(self, run_id: int) -> RunSummary:
+        """One consolidation run of this namespace with its stored report (NotFoundError for another's)."""
+        with self.state.memory() as memory:
+            try:
+                row = memory.store.runs.get(run_id)
+            except NotFoundError:
+                row = None
+        if row is None or row.namespace != self.namespace:
+            raise NotFoundError(f"no consolidation run with id {run_id} in namespace {self.namespace!r}")
+        return RunSummary.of(row)
 
     def redactions(self, status: RedactionStatus | None = None) -> list[Redaction]:
         """What forget requests in this namespace's conversations removed (without the removed text)."""
@@ -308,6 +343,46 @@ class Admin(Writer):
     def confirm_redaction(self, redaction_id: int) -> Redaction:
         with self.state.memory() as memory:
             return memory.confirm_redaction(redaction_id, namespace=self.namespace)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A consolidation run as its ``consolidation_runs`` row keeps it: the report without the plan's
+    text; ``kept`` is the memories the run neither merged nor deleted."""
+
+    run_id: int
+    started_at: datetime
+    finished_at: datetime | None
+    status: str
+    report: ConsolidationReport
+
+    @property
+    def merged(self) -> int:
+        return len(self.report.merged)
+
+    @property
+    def deleted(self) -> int:
+        return len(self.report.deleted)
+
+    @property
+    def kept(self) -> int:
+        return sum(max(0, s.memories_before - s.merged_sources - s.deletions) for s in self.report.stores.values())
+
+    @classmethod
+    def of(cls, row: Any) -> RunSummary:
+        stored = row.report if row.report and row.report != "{}" else None
+        report = (
+            ConsolidationReport.model_validate_json(stored)
+            if stored
+            else ConsolidationReport(namespace=row.namespace, run_id=row.id)
+        )
+        return cls(
+            run_id=row.id,
+            started_at=datetime.fromisoformat(row.started_at),
+            finished_at=datetime.fromisoformat(row.finished_at) if row.finished_at else None,
+            status=row.status,
+            report=report,
+        )
 
 
 class KeyAdmin:
@@ -396,6 +471,15 @@ class Operations:
             return list(key.namespaces)
         with self.state.memory() as memory:
             return sorted(memory.store.namespaces.names())
+
+    def last_activity(self, key: ApiKey, namespaces: Sequence[str]) -> dict[str, datetime]:
+        """namespace → time of its latest change (event), for those of ``namespaces`` the key
+        reaches, in one query (not one per namespace)."""
+        reached = [ns for ns in namespaces if key.covers(ns)]
+        if not reached:
+            return {}
+        with self.state.memory() as memory:
+            return memory.store.events.latest(reached)
 
     def audit(self, key: ApiKey) -> AuditReader:
         if key.role != Role.admin or key.revoked_at is not None or key.namespaces != [ALL_NAMESPACES]:

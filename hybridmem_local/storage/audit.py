@@ -300,14 +300,21 @@ class AuditLog:
         if self.db.path is None:
             self.append(entries)  # nothing else can reach an in-memory store
             return
+        writer = self._writer
+        if writer is not None and writer.busy:
+            # Earlier entries of this store still wait in the writer's queue: these follow them,
+            # so a store's entries keep their order in the chain.
+            self.submit(entries)
+            return
         short_wait = not self.db.in_transaction  # inside the caller's transaction: its lock is held
         try:
             with self.db.lock_wait(LOCK_WAIT_MS) if short_wait else nullcontext():
                 self.append(entries)
             return
         except (sa.exc.DBAPIError, StoreUnavailableError) as exc:
-            # Locked past the short wait (or the disk refused the write, or the database is away): the operation itself
-            # succeeded or failed on its own; the writer thread keeps the entry and retries.
+            # Locked past the short wait (or the disk refused the write, or the database is away):
+            # the operation itself succeeded or failed on its own; the writer thread keeps the
+            # entry and retries.
             log.debug("audit: handing %d entries to the writer thread: %s", len(entries), exc)
         self.submit(entries)
 
@@ -463,6 +470,12 @@ class AuditWriter:
             self._cond.wait_for(lambda: len(self._queue) < MAX_QUEUED or not self._thread.is_alive())
             self._queue.extend(entries)
             self._cond.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        """Entries are queued or being written."""
+        with self._cond:
+            return bool(self._queue or self._in_flight)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         with self._cond:

@@ -64,6 +64,21 @@ class EventLog:
             )
         ]
 
+    def latest(self, namespaces: Sequence[str]) -> dict[str, datetime]:
+        """namespace → the time of its latest event (its last change), in one query per
+        ``chunks`` of names; a namespace without events is left out."""
+        out: dict[str, datetime] = {}
+        for chunk in chunks(list(namespaces)):
+            # One statement; each name's newest event is one lookup in events_ns_at.
+            for row in self.db.execute(
+                "SELECT name, (SELECT max(at) FROM events WHERE namespace = name) AS at FROM namespaces "
+                "WHERE name IN :namespaces",
+                {"namespaces": chunk},
+            ):
+                if row.at is not None:
+                    out[row.name] = datetime.fromisoformat(row.at)
+        return out
+
     def of_run(self, run_id: int) -> list[Event]:
         return [
             _row_to_event(r)

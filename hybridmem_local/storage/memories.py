@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 import numpy as np
@@ -220,14 +220,33 @@ class Memories:
         status: MemoryStatus | None = MemoryStatus.active,
         limit: int | None = None,
         offset: int = 0,
+        since: date | datetime | None = None,
+        until: date | datetime | None = None,
     ) -> list[Episode | RelationalTuple]:
-        """Memories in id order; ``limit``/``offset`` page through them (ids never move, so pages are stable)."""
+        """Memories in id order; ``limit``/``offset`` page through them (ids never move, so pages are stable).
+
+        ``since``/``until`` keep a memory whose timestamp (an ISO prefix: a year, month, day or
+        datetime) names a period overlapping ``[since, until]``: both sides are compared cut to
+        the shorter's length, so "2023" overlaps 2023-05-01 and "2023-05-01T10:00" is within
+        until=2023-05-01."""
         sql = f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = :namespace"
         params: dict[str, str | int] = {"namespace": namespace}
         if kind is not None:
             sql, params["kind"] = sql + " AND kind = :kind", kind
         if status is not None:
             sql, params["status"] = sql + " AND status = :status", MemoryStatus(status).value
+        if since is not None:
+            sql += (
+                " AND substr(timestamp, 1, length(CAST(:since AS TEXT)))"
+                " >= substr(CAST(:since AS TEXT), 1, length(timestamp))"
+            )
+            params["since"] = since.isoformat()
+        if until is not None:
+            sql += (
+                " AND substr(timestamp, 1, length(CAST(:until AS TEXT)))"
+                " <= substr(CAST(:until AS TEXT), 1, length(timestamp))"
+            )
+            params["until"] = until.isoformat()
         sql += " ORDER BY id"
         if limit is not None or offset:
             # SQLite needs a LIMIT for an OFFSET, and PostgreSQL refuses SQLite's -1 for "no limit":

@@ -51,6 +51,16 @@ class ConsolidationRuns:
             raise NotFoundError(f"no consolidation run with id {run_id}")
         return row
 
+    def select(self, namespace: str, limit: int, offset: int = 0) -> list[sa.Row[Any]]:
+        """A page of a namespace's runs, newest first (``limit`` rows from ``offset``)."""
+        return list(
+            self.db.execute(
+                "SELECT * FROM consolidation_runs WHERE namespace = :namespace ORDER BY id DESC "
+                "LIMIT :limit OFFSET :offset",
+                {"namespace": namespace, "limit": int(limit), "offset": int(offset)},
+            ).fetchall()
+        )
+
     def mark_undone(self, run_id: int) -> None:
         with self.db.transaction() as c:
             c.execute("UPDATE consolidation_runs SET status = 'undone' WHERE id = :run_id", {"run_id": run_id})

@@ -8,7 +8,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from hybridmem_local.errors import AlreadyCuratedError, DuplicateSessionError, DuplicateTurnError, NotFoundError
+from hybridmem_local.errors import (
+    AlreadyCuratedError,
+    DuplicateSessionError,
+    DuplicateTurnError,
+    InvalidInputError,
+    NotFoundError,
+)
 from hybridmem_local.schema import Session, SessionRecord, Turn, utcnow
 from hybridmem_local.storage.connection import Database, chunks, inserted_id
 from hybridmem_local.storage.events import EventLog
@@ -148,6 +154,24 @@ class Sessions:
                 if require_uncurated and self.exists(namespace, session_id):
                     raise AlreadyCuratedError(f"session {session_id!r} of namespace {namespace!r} is already curated")
                 raise NotFoundError(f"no session {session_id!r} in namespace {namespace!r}")
+
+    def requeue_failed(self, namespace: str, session_id: str) -> None:
+        """Put a ``curation_failed`` session back in the queue (``pending``, error cleared) for
+        the curation worker, with a ``retry_curation`` event; InvalidInputError when it is not
+        failed (curated, or pending already), NotFoundError when there is no such session."""
+        with self.db.transaction() as c:
+            updated = c.execute(
+                "UPDATE sessions SET curation_status = 'pending', curation_error = NULL, claimed_by = NULL, "
+                "claim_expires_at = NULL "
+                "WHERE namespace = :namespace AND session_id = :session_id AND curation_status = 'curation_failed'",
+                {"namespace": namespace, "session_id": session_id},
+            ).rowcount
+            if not updated:
+                status = self.get(namespace, session_id).curation_status  # NotFoundError when missing
+                raise InvalidInputError(
+                    f"session {session_id!r} is {status}: only a session whose curation failed is queued again"
+                )
+            self.events.record(namespace, "retry_curation", None, None, None, {"session_id": session_id}, None)
 
     def get(self, namespace: str, session_id: str) -> SessionRecord:
         row = self.db.execute(

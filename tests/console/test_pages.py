@@ -248,3 +248,149 @@ def test_the_stylesheet_is_served_by_the_app_and_pages_load_nothing_else(service
         text = c.get(path).text
         assert re.findall(r'(?:src|href)="(https?:)?//', text) == []
         assert "<script" not in text
+
+
+def test_an_admin_forgets_a_namespace_by_typing_its_name_and_a_reader_cannot(service):
+    state, app, _, _ = service
+    from tests.console.store import session
+
+    with state.memory() as memory:
+        memory.enqueue([session("gone", "g1", ["Something to forget.", "Okay."])])
+    reader = state.keys.create(["gone"], "read")[1]
+    admin_key, admin = state.keys.create(["gone"], "admin")
+    r = sign_in(app, reader)
+    page = r.get("/console/namespaces/gone")
+    assert page.status_code == 200 and "/forget" not in page.text and "Forget this namespace" not in page.text
+    forged = r.post("/console/namespaces/gone/forget", data={"csrf": csrf(page.text), "confirm_text": "gone"})
+    assert forged.status_code == 403 and "admin role" in forged.text
+    a = sign_in(app, admin)
+    page = a.get("/console/namespaces/gone")
+    assert 'action="/console/namespaces/gone/forget"' in page.text
+    # A slip (another name, or nothing typed) forgets nothing.
+    for typed in ("", "alice", "gon"):
+        slip = a.post("/console/namespaces/gone/forget", data={"csrf": csrf(page.text), "confirm_text": typed})
+        assert slip.status_code == 422 and "gone, to forget it" in slip.text
+    with state.memory() as memory:
+        assert memory.sessions("gone")
+    done = a.post("/console/namespaces/gone/forget", data={"csrf": csrf(page.text), "confirm_text": "gone"})
+    assert done.status_code == 303 and done.headers["location"] == "/console/namespaces?forgotten=gone"
+    assert "Namespace gone forgotten" in a.get(done.headers["location"]).text
+    with state.memory() as memory:
+        assert "gone" not in memory.store.namespaces.names() and memory.sessions("gone") == []
+    [entry] = [e for e in audit_entries(state, admin_key.key_id) if e.action.endswith("/forget") and e.outcome == "ok"]
+    assert entry.namespace == "gone" and entry.action == "POST /console/namespaces/{namespace}/forget"
+
+
+def test_a_writer_re_curates_a_failed_session_and_a_reader_cannot(service):
+    state, app, tokens, _ = service
+    from tests.console.store import session
+
+    with state.memory() as memory:
+        [record] = memory.enqueue([session("alice", "f1", ["The LLM choked on this one.", "Sorry."], day=4)])
+        assert memory.mark_curation_failed([record.session], "LLM timed out") == 1
+    reader = sign_in(app, tokens["read"])
+    page = reader.get("/console/namespaces/alice/sessions/f1")
+    assert "curation_failed" in page.text and "LLM timed out" in page.text and "/retry" not in page.text
+    forged = reader.post("/console/namespaces/alice/sessions/f1/retry", data={"csrf": csrf(page.text)})
+    assert forged.status_code == 403
+    writer = sign_in(app, tokens["write"])
+    page = writer.get("/console/namespaces/alice/sessions/f1")
+    assert "Re-curate this session" in page.text
+    answer = writer.post("/console/namespaces/alice/sessions/f1/retry", data={"csrf": csrf(page.text)})
+    assert answer.status_code == 303 and answer.headers["location"] == "/console/namespaces/alice/sessions/f1"
+    with state.memory() as memory:
+        record = memory.get_session("alice", "f1")
+        assert record.curation_status == "pending" and record.curation_error is None
+        # The worker's queue has it again (claim_sessions is what the service's worker calls).
+        assert "f1" in [s.session_id for s in memory.sessions_to_curate("alice")]
+    again = writer.post("/console/namespaces/alice/sessions/f1/retry", data={"csrf": csrf(page.text)})
+    assert again.status_code == 422 and "only a session whose curation failed" in again.text
+    curated = writer.post("/console/namespaces/alice/sessions/s1/retry", data={"csrf": csrf(page.text)})
+    assert curated.status_code == 422
+    assert writer.post("/console/namespaces/alice/sessions/b1/retry", data={"csrf": csrf(page.text)}).status_code == 404
+
+
+def test_consolidation_runs_are_listed_a_page_at_a_time_with_their_plan_and_undo(service):
+    state, app, tokens, _ = service
+    from hybridmem_local.results import ConsolidationReport, StoreReport
+
+    with state.memory() as memory:
+        ids = []
+        for i in range(55):
+            run_id = memory.store.runs.start("bulk", "cpu", {})
+            report = ConsolidationReport(
+                namespace="bulk",
+                run_id=run_id,
+                backend="cpu",
+                stores={
+                    "tuple": StoreReport(
+                        memories_before=120, memories_after=119, merges=1, merged_sources=2, deletions=int(i == 54)
+                    )
+                },
+                merged={10_000 + i: [1, 2]},
+                deleted={3: "duplicate"} if i == 54 else {},
+            )
+            memory.store.runs.finish(run_id, "bulk", report.model_dump_json())
+            ids.append(run_id)
+    root = sign_in(app, tokens["root"])
+    first = root.get("/console/namespaces/bulk/consolidation").text
+    assert first.count("/consolidation/runs/") >= 50 and f"#{ids[-1]} plan" in first and f"#{ids[4]} plan" not in first
+    cells = r"</a></th>\s*<td>[^<]+</td><td>applied</td><td>1</td><td>1</td><td>(\d+)</td>"
+    newest = re.search(rf"#{ids[-1]} plan{cells}", first)
+    assert newest and newest.group(1) == "117"  # 120 before, 2 merged away, 1 deleted
+    assert "offset=50" in first
+    second = root.get("/console/namespaces/bulk/consolidation", params={"offset": 50}).text
+    assert f"#{ids[0]} plan" in second and f"#{ids[-1]} plan" not in second and "Next" not in second
+    run = root.get(f"/console/namespaces/bulk/consolidation/runs/{ids[-1]}").text
+    assert f"#{10_054}" in run and "duplicate" in run and f'name="undo_run" value="{ids[-1]}"' in run
+    # Another namespace's run, or one of this key's namespaces asked under another: missing.
+    alice_admin = sign_in(app, tokens["admin"])
+    assert alice_admin.get(f"/console/namespaces/alice/consolidation/runs/{ids[0]}").status_code == 404
+    assert sign_in(app, tokens["bulk"]).get("/console/namespaces/bulk/consolidation").status_code == 403
+
+
+def test_the_namespaces_page_shows_last_activity_from_one_query(service, monkeypatch):
+    state, app, tokens, _ = service
+    from hybridmem_local.storage.events import EventLog
+
+    calls = []
+    original = EventLog.latest
+    monkeypatch.setattr(EventLog, "latest", lambda self, names: calls.append(list(names)) or original(self, names))
+    page = sign_in(app, tokens["root"]).get("/console/namespaces").text
+    assert len(calls) == 1 and {"alice", "bob", "bulk"} <= set(calls[0])
+    row = re.search(r">alice</a></th>.*?</tr>", page, flags=re.S).group(0)
+    assert re.search(r'<time datetime="\d{4}-\d\d-\d\dT', row)
+    with state.memory() as memory:
+        latest = memory.store.events.latest(["alice", "nobody"])
+    assert set(latest) == {"alice"}
+
+
+def test_the_plain_list_filters_by_date_in_the_database(service):
+    state, app, tokens, _ = service
+    from hybridmem_local.schema import TupleDraft
+    from tests.console.store import session
+
+    stamps = ["2022", "2023-06", "2023-06-15T10:00:00", "2023-07-01", "2024-01-02"]
+    with state.memory() as memory:
+        memory.enqueue([session("dated", "d1", ["x"])])
+        memory.add_memories(
+            "dated",
+            tuples=[
+                TupleDraft(entity=f"e{i}", relation="on", object=t, timestamp=t, source_turn_ids=["d1:0"])
+                for i, t in enumerate(stamps)
+            ],
+        )
+        from datetime import date
+
+        found = memory.list("dated", since=date(2023, 6, 15), until=date(2023, 6, 15))
+        assert [m.timestamp for m in found] == ["2023-06", "2023-06-15T10:00:00"]
+        assert [m.timestamp for m in memory.list("dated", since=date(2023, 7, 1))] == ["2023-07-01", "2024-01-02"]
+        assert [m.timestamp for m in memory.list("dated", until=date(2022, 12, 31))] == ["2022"]
+    key = state.keys.create(["dated"], "read")[1]
+    c = sign_in(app, key)
+    page = c.get("/console/namespaces/dated/memories", params={"since": "2023-06-01", "until": "2023-12-31"}).text
+    assert "e1" in page and "e2" in page and "e3" in page and "e0 " not in page and "e4 " not in page
+    assert page.count("/console/namespaces/dated/memories/") == 3
+    assert c.get("/console/namespaces/dated/memories", params={"since": "June"}).status_code == 422
+    bulk = sign_in(app, tokens["bulk"]).get("/console/namespaces/bulk/memories", params={"since": "2023-01-01"}).text
+    assert "since=2023-01-01" in bulk and "offset=50" in bulk  # the pager keeps the filter
