@@ -5,6 +5,7 @@ and every action in the audit trail like an HTTP request."""
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 from fastapi.testclient import TestClient
@@ -17,13 +18,24 @@ from tests.console.store import SSN, fill
 pytest.importorskip("jinja2")
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory, hashing_embedder):
-    db = tmp_path_factory.mktemp("console") / "memory.db"
-    config = load_config(
-        None,
-        {"consolidation.every_n_sessions": 0, "service.rate_limit_per_s": 1000.0, "service.rate_limit_burst": 1000},
-    )
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def service(request, tmp_path_factory, hashing_embedder):
+    """The service over a store filled once per module, on SQLite and on PostgreSQL (the console
+    shows a PostgreSQL-backed store the same way)."""
+    folder = tmp_path_factory.mktemp("console")
+    db = folder / "memory.db"
+    overrides: dict[str, object] = {
+        "consolidation.every_n_sessions": 0,
+        "service.rate_limit_per_s": 1000.0,
+        "service.rate_limit_burst": 1000,
+    }
+    if request.param == "postgresql":
+        cluster = request.getfixturevalue("postgres_cluster")
+        overrides |= {
+            "store.url": cluster.create_database(f"console_{uuid.uuid4().hex[:12]}"),
+            "store.local_dir": str(folder),
+        }
+    config = load_config(None, overrides)
     state = ServiceState(db, config, embedder=hashing_embedder, start_worker=False)
     state.open()
     with state.memory() as memory:
