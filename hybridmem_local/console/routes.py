@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import logging
 import secrets
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any
@@ -347,10 +348,9 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one function per page, re
             query = {k: v for k, v in filters.items() if v and k in ("kind", "status", "since", "until")}
             context.update(
                 page=page,
-                next_url=_url(ops.namespace, "memories", {**query, "offset": page.next_offset})
-                if page.next_offset is not None
-                else None,
-                prev_url=_url(ops.namespace, "memories", {**query, "offset": max(0, start - PAGE)}) if start else None,
+                **_pager(
+                    lambda offset: _url(ops.namespace, "memories", {**query, "offset": offset}), start, page.next_offset
+                ),
             )
         return _page(request, "memories.html", **context)
 
@@ -414,8 +414,11 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one function per page, re
             namespace=ops.namespace,
             records=records,
             status=status,
-            next_url=_url(ops.namespace, "sessions", {**query, "offset": start + PAGE}) if more else None,
-            prev_url=_url(ops.namespace, "sessions", {**query, "offset": max(0, start - PAGE)}) if start else None,
+            **_pager(
+                lambda offset: _url(ops.namespace, "sessions", {**query, "offset": offset}),
+                start,
+                start + PAGE if more else None,
+            ),
         )
 
     @app.get("/namespaces/{namespace}/sessions/{session_id}")
@@ -494,8 +497,11 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one function per page, re
             "consolidation.html",
             namespace=ops.namespace,
             runs=runs,
-            next_url=_url(ops.namespace, "consolidation", {"offset": start + PAGE}) if more else None,
-            prev_url=_url(ops.namespace, "consolidation", {"offset": max(0, start - PAGE)}) if start else None,
+            **_pager(
+                lambda offset: _url(ops.namespace, "consolidation", {"offset": offset}),
+                start,
+                start + PAGE if more else None,
+            ),
             **{"report": None, "undone": None, **context},
         )
 
@@ -541,11 +547,21 @@ def _audit_page(request: Request, reader: Any, actor: str, namespace: str, since
         entries=shown,
         verdict=verdict,
         filters=query,
-        next_url=f"{PREFIX}/audit?{urlencode({**query, 'offset': start + PAGE})}"
-        if len(entries) > start + PAGE
-        else None,
-        prev_url=f"{PREFIX}/audit?{urlencode({**query, 'offset': max(0, start - PAGE)})}" if start else None,
+        **_pager(
+            lambda offset: f"{PREFIX}/audit?{urlencode({**query, 'offset': offset})}",
+            start,
+            start + PAGE if len(entries) > start + PAGE else None,
+        ),
     )
+
+
+def _pager(link: Callable[[int], str], start: int, next_offset: int | None) -> dict[str, Any]:
+    """The Previous and Next links (``pager.html``) of a page starting at ``start``; ``next_offset``
+    None: it is the last page."""
+    return {
+        "next_url": link(next_offset) if next_offset is not None else None,
+        "prev_url": link(max(0, start - PAGE)) if start else None,
+    }
 
 
 def _url(namespace: str, page: str, query: dict[str, Any]) -> str:
