@@ -199,6 +199,14 @@ class CurationConfig(_Section):
     #: copy the prompt's worked example or invent (Qwen2.5-Coder-0.5B wrote "Bob is back from
     #: Lisbon, ... 9 hours" from the example into a session about a 10K race). 1.0 turns it off.
     max_ungrounded_share: float = Field(default=0.5, ge=0.0, le=1.0)
+    #: A curated memory about one speaker is left out when the turns of its session that state
+    #: it are the other speaker's own news ("I got the internship!" said by Gina, stored as Jon's;
+    #: text/attribution.py ``misattributed``). The 1.5B's commonest error (docs/benchmarks.md
+    #: §15): on 100 memories read by hand it catches 21 of the 33 given to the wrong speaker and
+    #: none of the 33 right ones (the sample it was chosen on); on LoCoMo's gold facts of the 7
+    #: other dev conversations it drops 6.4% of right facts and catches 76% handed to the other
+    #: speaker (scripts/measure_speaker_check.py).
+    speaker_check: bool = True
     turns_per_episode: int = Field(default=3, ge=1)
     tuples_per_turn: float = Field(default=1.0, gt=0)
     episode_reply_tokens: int = Field(default=200, ge=16)

@@ -49,8 +49,8 @@ from rich.table import Table
 
 from hybridmem_local.answering.context import format_context
 from hybridmem_local.config import EmbedderConfig, RetrievalConfig, load_config
-from hybridmem_local.curation.curator import EpisodeReply, TupleReply, episode_problem, tuple_problem
 from hybridmem_local.curation.dedup import content_key
+from hybridmem_local.curation.replies import EpisodeReply, TupleReply, episode_problem, tuple_problem
 from hybridmem_local.embedding import build_embedder
 from hybridmem_local.eval.locomo import LocomoConversation, load_locomo, normalise_evidence
 from hybridmem_local.indexes.bm25 import LexicalIndex

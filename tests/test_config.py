@@ -49,7 +49,10 @@ def test_paper_yaml_is_the_papers_selection_and_nothing_else():
     assert (retrieval.mode, retrieval.sources, retrieval.context_budget) == ("dense", ["episodes", "tuples"], None)
     # The library default fuses memories with evidence windows into a budget instead.
     assert "windows" in default.retrieval.sources and default.retrieval.context_budget is not None
-    assert paper.model_copy(update={"retrieval": default.retrieval}) == default
+    # The paper's curation keeps every memory the LLM writes; the library's drops the other speaker's news.
+    assert (paper.curation.speaker_check, default.curation.speaker_check) == (False, True)
+    curation = paper.curation.model_copy(update={"speaker_check": True})
+    assert paper.model_copy(update={"retrieval": default.retrieval, "curation": curation}) == default
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))

@@ -19,7 +19,8 @@ import pytest
 
 import hybridmem_local
 from hybridmem_local.config import CurationConfig, LLMConfig
-from hybridmem_local.curation.curator import CurationReply, Curator, normalise_timestamp, reply_schema
+from hybridmem_local.curation.curator import Curator
+from hybridmem_local.curation.replies import CurationReply, normalise_timestamp, reply_schema
 from hybridmem_local.errors import LLMError
 from hybridmem_local.llm.base import LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
@@ -125,9 +126,12 @@ LLM_CONFIG = LLMConfig(context_tokens=1024, max_new_tokens=300)
 
 
 def curator_for(llm, retry_rounds: int = 1, annotate: bool = True, llm_config: LLMConfig = LLM_CONFIG) -> Curator:
-    # Scripted replies are not written from their sessions' words: the grounding check is off
-    # here and tested on its own (test_memories_not_from_the_window_are_left_out).
-    config = CurationConfig(retry_rounds=retry_rounds, annotate_relative_dates=annotate, max_ungrounded_share=1.0)
+    # Scripted replies are not written from their sessions' words, nor about their speakers: the
+    # grounding and speaker checks are off here and tested on their own
+    # (test_memories_not_from_the_window_are_left_out, test_the_other_speakers_news_is_left_out).
+    config = CurationConfig(
+        retry_rounds=retry_rounds, annotate_relative_dates=annotate, max_ungrounded_share=1.0, speaker_check=False
+    )
     return Curator(llm, llm_config, config)
 
 
@@ -212,7 +216,7 @@ def test_memories_not_from_the_window_are_left_out():
     session = make_session(
         "s1", ["I ran the Riverside 10K yesterday and finished in 52 minutes!", "Wow, congrats Bob!"]
     )
-    config = CurationConfig(max_ungrounded_share=0.5)
+    config = CurationConfig(max_ungrounded_share=0.5, speaker_check=False)
     [outcome] = Curator(ScriptedLLM(reply), LLM_CONFIG, config).curate([session])
     assert outcome.ok, outcome.error
     assert [e.title for e in outcome.result.episodes] == ["The race"]
@@ -220,6 +224,54 @@ def test_memories_not_from_the_window_are_left_out():
     assert len(outcome.dropped_memories) == 2 and all("not in the conversation" in d for d in outcome.dropped_memories)
     off = Curator(ScriptedLLM(reply), LLM_CONFIG, config.model_copy(update={"max_ungrounded_share": 1.0}))
     assert len(off.curate([session])[0].result.tuples) == 2
+
+
+def test_the_other_speakers_news_is_left_out():
+    """The 1.5B's commonest error (docs/benchmarks.md §15): Bob's reply cited, Alice's news made his."""
+
+    def reply(request):
+        cited = {"timestamp": "2023-05-08", "context": ""}
+        return json.dumps(
+            {
+                "episodes": [],
+                "tuples": [
+                    {
+                        **cited,
+                        "entity": "Bob",
+                        "relation": "got",
+                        "object": "a fashion internship",
+                        "source_turn_ids": ["s1:1"],
+                    },
+                    {
+                        **cited,
+                        "entity": "Alice",
+                        "relation": "got",
+                        "object": "a fashion internship",
+                        "source_turn_ids": ["s1:0"],
+                    },
+                    {
+                        **cited,
+                        "entity": "Bob",
+                        "relation": "plans",
+                        "object": "a trip to Lisbon",
+                        "source_turn_ids": ["s1:1"],
+                    },
+                ],
+            }
+        )
+
+    session = make_session(
+        "s1", ["I got the fashion internship I applied for!", "Congrats on the internship! I plan a trip to Lisbon."]
+    )
+    config = CurationConfig(max_ungrounded_share=1.0)
+    [outcome] = Curator(ScriptedLLM(reply), LLM_CONFIG, config).curate([session])
+    assert [(t.entity, t.object) for t in outcome.result.tuples] == [
+        ("Alice", "a fashion internship"),
+        ("Bob", "a trip to Lisbon"),
+    ]
+    assert outcome.dropped_memories == ["tuple 'Bob': the other speaker's news, not Bob's"]
+    off = Curator(ScriptedLLM(reply), LLM_CONFIG, config.model_copy(update={"speaker_check": False}))
+    assert len(off.curate([session])[0].result.tuples) == 3
 
 
 def test_annotation_can_be_switched_off():

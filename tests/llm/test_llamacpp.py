@@ -207,7 +207,7 @@ def test_the_default_model_curates_on_a_kept_prefix(default_llm):
     left in its KV cache, and the reply is a valid curation of the second window. (Its repacked
     Q4_K kernels make a row's last bits depend on the batch's shape, so the reply is not always
     bit-identical to one read from the start, as it is for SmolLM2 above.)"""
-    from hybridmem_local.curation.curator import CurationReply
+    from hybridmem_local.curation.replies import CurationReply
     from hybridmem_local.prompts import load_prompt
 
     prompt = load_prompt("curation_small")

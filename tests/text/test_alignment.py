@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hybridmem_local
-from hybridmem_local.curation.curator import reply_schema
+from hybridmem_local.curation.replies import reply_schema
 from hybridmem_local.schema import Episode, EpisodeDraft, Session, TupleDraft, combine_provenance, turn_line
 from hybridmem_local.text.alignment import Aligner, AlignmentSettings, align, alignment_scores, content_text, select
 
