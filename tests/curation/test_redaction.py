@@ -11,6 +11,7 @@ what the user later asks to forget), and it marks the forget requests it is told
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -229,7 +230,9 @@ def test_confirm_leaves_no_byte_of_the_removed_value_in_the_store_folder(tmp_pat
         assert confirmed.status == "confirmed" and not confirmed.undoable
         memory.flush()
         assert SSN.encode() not in store_files(db)
-        assert b"6789" not in store_files(db)
+        # The number in any separator form; a bare b"6789" also turns up by chance in the files'
+        # audit hashes (hex) and microsecond timestamps, a few runs in a hundred.
+        assert re.search(rb"123\D{0,3}45\D{0,3}6789", store_files(db)) is None
         assert "6789" not in everything_found(memory, "social security number")
         assert "Biscuit" in everything_found(memory, "dog Biscuit")  # the rest stays
         with pytest.raises(NotFoundError):
@@ -387,7 +390,10 @@ def test_a_request_remembered_over_http_is_not_served_while_curation_waits(tmp_p
         client.enqueue([STATES_SSN])
         assert SSN in client.search("social security number", namespace="alice", k=20).model_dump_json()
         client.remember("alice", ASKED)
-        assert "6789" not in client.search("social security number", namespace="alice", k=20).model_dump_json()
+        served = client.search("social security number", namespace="alice", k=20)
+        # The texts served (the JSON's scores and timestamps may hold "6789" by chance).
+        texts = [hit.window.index_text() for hit in served.windows] + [m.index_text() for m in served.memories()]
+        assert texts and not any("6789" in text for text in texts)
         [redaction] = client.redactions("alice", status="pending")
         assert redaction.turn_ids == ["s1:0", "s1:1"]
         assert client.get_session("alice", "s1").curation_status == "pending"
