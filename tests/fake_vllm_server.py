@@ -65,7 +65,9 @@ def curation_reply(body: dict) -> str:
     window and one tuple per turn, each citing its turns."""
     turns = turn_lines(body)
     episode = {
-        "title": f"Talk of {turns[0][1]}",
+        # Named after everyone who speaks: an episode of the whole window is about all of them
+        # (one person's name over another's news is what curation's speaker check leaves out).
+        "title": f"Talk of {' and '.join(dict.fromkeys(t[1] for t in turns))}",
         "summary": turns[0][2][:80],
         "details": " ".join(t[2] for t in turns),
         "timestamp": "2023-05-08",
