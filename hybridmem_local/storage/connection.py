@@ -122,10 +122,12 @@ class Database:
             return call()
 
     @contextmanager
-    def _reachable(self) -> Iterator[None]:
+    def _reachable(self, committing: bool = False) -> Iterator[None]:
         """A lost connection (a PostgreSQL server restarted or gone, the connection dropped) is a
         :class:`StoreUnavailableError` (503 from the service) and the connection is replaced at the
-        next call outside a transaction: the store recovers by itself once the database is back."""
+        next call outside a transaction: the store recovers by itself once the database is back.
+        Lost before the COMMIT, nothing was stored; lost during it (``committing``), the client
+        cannot know whether the server committed, and the message says so."""
         if self._lost and not self._depth:
             self._reconnect()
         try:
@@ -135,9 +137,13 @@ class Database:
                 raise
             self._lost = True
             cause = _first_line(exc.orig or exc)
-            raise StoreUnavailableError(
-                f"the store's database went away ({cause}); the operation was not stored, retry it"
-            ) from exc
+            outcome = (
+                "during its commit, so whether the operation was stored is unknown: read it back before "
+                "retrying (a stored write sent again is refused as a duplicate)"
+                if committing
+                else "the operation was not stored, retry it"
+            )
+            raise StoreUnavailableError(f"the store's database went away ({cause}); {outcome}") from exc
         except (sa.exc.PendingRollbackError, sa.exc.ResourceClosedError) as exc:
             # SQLAlchemy's own word for a connection invalidated or closed by an earlier failure.
             if not (self.conn.invalidated or self.conn.closed):
@@ -192,6 +198,7 @@ class Database:
             with self._reachable():
                 if indexed and not claim:
                     self.backend.before_commit(self.conn)
+            with self._reachable(committing=True):
                 self.conn.exec_driver_sql("COMMIT")
         except BaseException:
             # Some errors (SQLITE_FULL, SQLITE_IOERR, a dropped connection) end the transaction

@@ -577,3 +577,34 @@ def test_a_claim_does_not_wait_for_another_replicas_write(postgres_url, tmp_path
     finally:
         writer.close()
         worker.close()
+
+
+@pytest.mark.postgres
+def test_a_connection_lost_before_or_during_commit_says_what_was_stored(postgres_cluster, postgres_url, tmp_path):
+    """PostgreSQL: lost before the COMMIT, the write was not stored and the error says so; lost
+    during the COMMIT, the client cannot know, and the error says that instead of "not stored"."""
+    from hybridmem_local.errors import StoreUnavailableError
+
+    database = postgres_url.rsplit("/", 1)[1]
+    store = MemoryStore(postgres_url, local_dir=tmp_path / "local")
+    try:
+        lost = pytest.raises(StoreUnavailableError, match="the operation was not stored, retry it")
+        with lost, store.transaction() as c:
+            c.execute("INSERT INTO namespaces (name, created_at) VALUES ('lost', 'now')")
+            postgres_cluster.terminate_connections(database)
+            c.execute("SELECT 1")
+        assert store.namespaces.names() == []  # the next call reconnects
+        original = store.conn.exec_driver_sql
+
+        def drop_at_commit(sql, *args, **kwargs):
+            if sql == "COMMIT":
+                postgres_cluster.terminate_connections(database)
+            return original(sql, *args, **kwargs)
+
+        store.conn.exec_driver_sql = drop_at_commit
+        unknown = pytest.raises(StoreUnavailableError, match="whether the operation was stored is unknown")
+        with unknown, store.transaction() as c:
+            c.execute("INSERT INTO namespaces (name, created_at) VALUES ('unknown', 'now')")
+        assert store.namespaces.names() == []  # the server rolled both back; the store works again
+    finally:
+        store.close()
