@@ -22,13 +22,15 @@ Flow of one session:
    backend's own retries) are re-sent split in half, all together, for
    ``CurationConfig.retry_rounds`` more rounds: a shorter window fits the context and its
    reply fits ``max_new_tokens``.
-4. Each reply is checked: ``source_turn_ids`` must name turns of the window the model was
-   shown (others are dropped and reported in ``dropped_turn_ids``); a memory left with no
+4. Each reply is checked (``replies.py``): ``source_turn_ids`` must name turns of the window
+   the model was shown (others are dropped and reported in ``dropped_turn_ids``); a memory left with no
    valid id is kept, its content is not at fault, and *aligned* to the window's turns by
    lexical + embedding similarity (``text/alignment.py``; provenance ``aligned``, where kept ids
    give ``cited``), so every curated memory leads back to its evidence. Without ``embed``
    such a memory keeps an empty list. A timestamp that is not a real date falls back to the
-   session date. Window results are concatenated in turn order.
+   session date. A memory about one speaker that its session's turns state as the other
+   speaker's own news is left out (``CurationConfig.speaker_check``, ``text/attribution.py``).
+   Window results are concatenated in turn order.
 
 A session with any window still failing gets ``result=None`` and ``error`` set: storing part
 of a session would silently lose the rest, while the caller keeps the raw session (marked
