@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 SERVER_USER = "postgres"
+#: Each cluster's directory, and the file in it naming the test process that owns it.
+DIR_PREFIX, OWNER_FILE = "hybridmem-pg-", "owner.pid"
 DEFAULT_DATABASE = "hybridmem"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -63,6 +65,33 @@ def skip_reason() -> str | None:
     return None
 
 
+def sweep_orphans(parent: Path) -> list[Path]:
+    """Stop and delete the clusters under ``parent`` whose test process died without stopping them
+    (a run killed from outside never reaches its teardown; the server runs in a session of its own
+    and would outlive it); returns their directories. A cluster whose owner still runs is left alone."""
+    swept = []
+    for base in parent.glob(DIR_PREFIX + "*"):
+        try:
+            owner = int((base / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # no owner recorded: not ours to judge
+        if _alive(owner):
+            continue
+        try:
+            postmaster = int((base / "data" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            postmaster = 0  # the server never started, or stopped cleanly
+        server = [postmaster, *_children(postmaster)] if postmaster and _alive(postmaster) else []
+        if server and str(base / "data") in _cmdline(postmaster):  # not a reused pid
+            _signal(server, signal.SIGKILL)  # nothing in it is worth a clean shutdown
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while any(_alive(p) for p in server) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        shutil.rmtree(base, ignore_errors=True)
+        swept.append(base)
+    return swept
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -75,6 +104,13 @@ def _proc_stat(pid: int | str) -> list[str]:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _alive(pid: int) -> bool:
@@ -143,10 +179,13 @@ class PostgresCluster:
         if reason := skip_reason():
             raise RuntimeError(reason)
         if self.base_dir is None:
-            self.base_dir = Path(tempfile.mkdtemp(prefix="hybridmem-pg-", dir="/tmp" if self._as_root else None))
+            parent = Path("/tmp" if self._as_root else tempfile.gettempdir())
+            sweep_orphans(parent)
+            self.base_dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=parent))
         try:
             self.base_dir.mkdir(parents=True, exist_ok=True)
             self.base_dir.chmod(0o755)
+            (self.base_dir / OWNER_FILE).write_text(str(os.getpid()))
             if self._as_root:
                 shutil.chown(self.base_dir, SERVER_USER, SERVER_USER)
             self._run("initdb", "-D", str(self.data_dir), *INITDB_ARGS)

@@ -4,11 +4,14 @@ keeps databases apart, survives a restart and a crash, and leaves nothing behind
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.postgres_cluster import PostgresCluster, skip_reason
+from tests.postgres_cluster import PostgresCluster, _alive, skip_reason
 
 pytestmark = pytest.mark.postgres
 
@@ -113,3 +116,24 @@ def test_stop_ends_the_server_and_removes_its_directory():
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert not base_dir.exists()
+
+
+def test_a_cluster_whose_test_run_was_killed_is_swept_by_the_next_start():
+    """A run killed from outside never stops its server (in a session of its own, it outlives the
+    run): the next cluster start stops it and deletes its directory; a live run's is left alone."""
+    if reason := skip_reason():
+        pytest.skip(reason)
+    starts = (
+        "import time; from tests.postgres_cluster import PostgresCluster; c = PostgresCluster().start(); "
+        "print(c.base_dir, c.pid, flush=True); time.sleep(600)"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    killed_run = subprocess.Popen([sys.executable, "-c", starts], cwd=repo, stdout=subprocess.PIPE, text=True)
+    base_dir, pid = killed_run.stdout.readline().split()
+    killed_run.kill()
+    killed_run.wait()
+    assert _alive(int(pid))  # the orphan: its run is gone, the server still runs
+    with PostgresCluster() as live, PostgresCluster() as next_one:
+        assert live.base_dir.is_dir() and next_one.pid is not None  # the live run's cluster stays
+    # Gone, or a zombie that a container's init may never reap.
+    assert not _alive(int(pid)) and not Path(base_dir).exists()
