@@ -383,7 +383,7 @@ class Curator:
             )
         empty = [problem for p in parts for problem in p.dropped_memories]
         if empty:
-            log.warning("session %s: left out %d memories: %s", session.session_id, len(empty), empty[:5])
+            log.warning("session %s: memories left out (%d): %s", session.session_id, len(empty), empty[:5])
         result = None
         if not tally.errors:
             result = CurationResult(
