@@ -276,9 +276,11 @@ def _add_routes(app: FastAPI) -> None:  # noqa: C901 - one function per page, re
             "namespaces.html",
             rows=rows,
             forgotten=request.query_params.get("forgotten"),
-            offset=start,
-            next_offset=start + PAGE if len(names) > start + PAGE else None,
-            prev_offset=max(0, start - PAGE) if start else None,
+            **_pager(
+                lambda offset: f"{PREFIX}/namespaces?{urlencode({'offset': offset})}",
+                start,
+                start + PAGE if len(names) > start + PAGE else None,
+            ),
         )
 
     @app.get("/namespaces/{namespace}")

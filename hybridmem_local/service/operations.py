@@ -112,6 +112,12 @@ class FixedNamespace:
 # --------------------------------------------------------------------------- what each role may do
 
 
+def _check_page(limit: int, offset: int) -> None:
+    """A page of at most MAX_PAGE rows from a non-negative offset, else InvalidInputError."""
+    if not 1 <= limit <= MAX_PAGE or offset < 0:
+        raise InvalidInputError(f"limit must be 1-{MAX_PAGE} and offset at least 0, got {limit} and {offset}")
+
+
 class Reader:
     """The operations of a read key on one namespace (checked when the handle was made)."""
 
@@ -177,8 +183,7 @@ class Reader:
     ) -> MemoryPage:
         """Memories in id order, ``limit`` at a time (at most MAX_PAGE); ``next_offset`` is None on the
         last page. ``since``/``until`` keep those dated within the period (in the database)."""
-        if not 1 <= limit <= MAX_PAGE or offset < 0:
-            raise InvalidInputError(f"limit must be 1-{MAX_PAGE} and offset at least 0, got {limit} and {offset}")
+        _check_page(limit, offset)
         wanted = None if status == "any" else MemoryStatus(status)
         with self.state.memory() as memory:
             rows = memory.list(
@@ -196,8 +201,7 @@ class Reader:
     def sessions(self, status: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[SessionRecord], bool]:
         """A page of the namespace's sessions in date order (of one curation status or any), and
         whether more follow."""
-        if not 1 <= limit <= MAX_PAGE or offset < 0:
-            raise InvalidInputError(f"limit must be 1-{MAX_PAGE} and offset at least 0, got {limit} and {offset}")
+        _check_page(limit, offset)
         with self.state.memory() as memory:
             records = memory.sessions(self.namespace, status)
         return records[offset : offset + limit], len(records) > offset + limit
@@ -270,8 +274,7 @@ class Writer(Reader):
         curation worker, which curates it like a new one (``hybridmem curate --retry-failed`` for
         the whole namespace); InvalidInputError for a session that did not fail."""
         with self.state.memory() as memory:
-            memory.get_session(self.namespace, session_id)  # NotFoundError for another namespace's
-            memory.store.sessions.requeue_failed(self.namespace, session_id)
+            memory.store.sessions.requeue_failed(self.namespace, session_id)  # NotFoundError for another namespace's
             record = memory.get_session(self.namespace, session_id)
         self.state.worker.wake()
         return record
@@ -301,8 +304,7 @@ class Admin(Writer):
 
     def runs(self, limit: int = 50, offset: int = 0) -> tuple[list[RunSummary], bool]:
         """A page of the namespace's consolidation runs, newest first, and whether more follow."""
-        if not 1 <= limit <= MAX_PAGE or offset < 0:
-            raise InvalidInputError(f"limit must be 1-{MAX_PAGE} and offset at least 0, got {limit} and {offset}")
+        _check_page(limit, offset)
         with self.state.memory() as memory:
             rows = memory.store.runs.select(self.namespace, limit + 1, offset)
         return [RunSummary.of(row) for row in rows[:limit]], len(rows) > limit
