@@ -64,7 +64,7 @@ from hybridmem_local.schema import (
     Turn,
 )
 from hybridmem_local.text.alignment import Aligner, AlignmentSettings, Embed, content_text
-from hybridmem_local.text.attribution import misattributed
+from hybridmem_local.text.attribution import SessionAttribution
 from hybridmem_local.usage import LLMUsage
 
 log = logging.getLogger(__name__)
@@ -349,12 +349,12 @@ class Curator:
         if not self.config.speaker_check:
             return checked
         turns = window.session.turns
-        people = list(dict.fromkeys(t.speaker for t in turns))
+        session = SessionAttribution(turns, list(dict.fromkeys(t.speaker for t in turns)))
 
         def kept(memories: list[_DraftT], kind: str) -> list[_DraftT]:
             out = []
             for memory in memories:
-                if wrong := misattributed(memory, turns, people):
+                if wrong := session.misattributed(memory):
                     name = memory.title if isinstance(memory, EpisodeDraft) else memory.entity
                     reason = f"the other speaker's news, not {min(wrong)}'s"
                     checked.dropped_memories.append(f"{kind} {name[:40]!r}: {reason}")

@@ -114,35 +114,53 @@ def mentions(text: str, person: str) -> bool:
     return False
 
 
-def stating_turns(memory: EpisodeDraft | TupleDraft, turns: Sequence[Turn], people: Sequence[str]) -> list[Turn]:
-    """The turns of ``turns`` that share the most word stems (text and image caption) with the
-    memory's content, the people's names left out; all of them on a tie, none when the best shares
-    fewer than :data:`MIN_SHARED_STEMS`."""
-    if not turns:
-        return []
-    texts = [content_text(memory), *(f"{t.text} {t.image_caption or ''}" for t in turns), *people]
-    stems = [set(s) for s in tokenize(texts)]
-    names = set().union(*stems[len(turns) + 1 :])
-    content = stems[0] - names
-    shared = [len(content & s) for s in stems[1 : len(turns) + 1]]
-    best = max(shared)
-    return [t for t, n in zip(turns, shared, strict=True) if n == best] if best >= MIN_SHARED_STEMS else []
-
-
 def speaks_of_self(turn: Turn) -> bool:
     """Whether ``turn``'s speaker speaks of themself: in the first person, or sharing an image."""
     return bool(_words(turn.text) & FIRST_PERSON) or bool(turn.image_caption)
 
 
-def misattributed(memory: EpisodeDraft | TupleDraft, session_turns: Sequence[Turn], people: Sequence[str]) -> set[str]:
-    """The memory's subject when the turns that state it are another person's own news (see the
-    module docstring): empty when it is sound, when no turn states it, or when it is about
-    several people or nobody."""
-    about = subjects(memory, people)
-    if len(about) != 1:
+class SessionAttribution:
+    """One session's turns and people, stemmed once for every memory checked against them."""
+
+    def __init__(self, turns: Sequence[Turn], people: Sequence[str]):
+        self.turns = list(turns)
+        self.people = list(people)
+        texts = [*(f"{t.text} {t.image_caption or ''}" for t in self.turns), *self.people]
+        stems = [set(s) for s in tokenize(texts)] if texts else []
+        self._turn_stems = stems[: len(self.turns)]
+        self._names: set[str] = set().union(*stems[len(self.turns) :])
+
+    def stating_turns(self, memory: EpisodeDraft | TupleDraft) -> list[Turn]:
+        """The turns that share the most word stems (text and image caption) with the memory's
+        content, the people's names left out; all of them on a tie, none when the best shares
+        fewer than :data:`MIN_SHARED_STEMS`."""
+        if not self.turns:
+            return []
+        content = set(tokenize([content_text(memory)])[0]) - self._names
+        shared = [len(content & stems) for stems in self._turn_stems]
+        best = max(shared)
+        return [t for t, n in zip(self.turns, shared, strict=True) if n == best] if best >= MIN_SHARED_STEMS else []
+
+    def misattributed(self, memory: EpisodeDraft | TupleDraft) -> set[str]:
+        """The memory's subject when the turns that state it are another person's own news (see
+        the module docstring): empty when it is sound, when no turn states it, or when it is about
+        several people or nobody."""
+        about = subjects(memory, self.people)
+        if len(about) != 1:
+            return set()
+        (person,) = about
+        stating = self.stating_turns(memory)
+        if stating and all(t.speaker != person and speaks_of_self(t) and not mentions(t.text, person) for t in stating):
+            return {person}
         return set()
-    (person,) = about
-    stating = stating_turns(memory, session_turns, people)
-    if stating and all(t.speaker != person and speaks_of_self(t) and not mentions(t.text, person) for t in stating):
-        return {person}
-    return set()
+
+
+def stating_turns(memory: EpisodeDraft | TupleDraft, turns: Sequence[Turn], people: Sequence[str]) -> list[Turn]:
+    """:meth:`SessionAttribution.stating_turns` for one memory."""
+    return SessionAttribution(turns, people).stating_turns(memory)
+
+
+def misattributed(memory: EpisodeDraft | TupleDraft, session_turns: Sequence[Turn], people: Sequence[str]) -> set[str]:
+    """:meth:`SessionAttribution.misattributed` for one memory (several memories of one session:
+    build the :class:`SessionAttribution` once)."""
+    return SessionAttribution(session_turns, people).misattributed(memory)
