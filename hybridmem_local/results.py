@@ -76,7 +76,8 @@ class IngestReport(_Result):
     curated: int = 0
     failed: int = 0
     memories: int = 0
-    #: Memories the LLM wrote that curation left out (no content, a decoding loop, not from the window).
+    #: Memories the LLM wrote that curation's checks left out (no content, a decoding loop, not from the
+    #: window, the other speaker's news).
     memories_left_out: int = 0
     #: Memories without a valid cited turn id, aligned to their window's turns (text/alignment.py).
     memories_aligned: int = 0

@@ -56,7 +56,10 @@ def progress(description: str = "curating sessions") -> Callable[[int, int], Non
 
 def curation_notes(report: IngestReport) -> str:
     """What the write-time checks did to the curated memories, when they did anything."""
-    notes = [f"{report.duplicates_skipped} repeats not stored again"] if report.duplicates_skipped else []
+    # What the checks left out is normal operation, not a fault: a count here, each memory with its
+    # reason in the --verbose log (curation/curator.py).
+    notes = [f"{report.memories_left_out} left out by the checks (-v lists them)"] if report.memories_left_out else []
+    notes += [f"{report.duplicates_skipped} repeats not stored again"] if report.duplicates_skipped else []
     notes += [f"{report.memories_aligned} aligned to their turns"] if report.memories_aligned else []
     return "".join(f"; {note}" for note in notes)
 

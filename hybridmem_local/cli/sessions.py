@@ -60,13 +60,7 @@ def ingest(
         return
     console.print(
         f"ingested {report.stored} sessions ({report.skipped} already present, {report.failed} curation failures) "
-        f"with {report.memories} memories in {time.perf_counter() - started:.1f}s"
-        + (
-            f"; {report.memories_left_out} left out (no content, or not from the conversation)"
-            if report.memories_left_out
-            else ""
-        )
-        + curation_notes(report)
+        f"with {report.memories} memories in {time.perf_counter() - started:.1f}s" + curation_notes(report)
     )
 
 

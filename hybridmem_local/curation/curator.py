@@ -378,12 +378,12 @@ class Curator:
         parts = [checked for _, checked in sorted(tally.parts, key=lambda part: part[0])]
         dropped = list(dict.fromkeys(t for p in parts for t in p.dropped_turn_ids))
         if dropped:
-            log.warning(
+            log.info(
                 "session %s: dropped cited turn ids that the model was not shown: %s", session.session_id, dropped[:10]
             )
         empty = [problem for p in parts for problem in p.dropped_memories]
         if empty:
-            log.warning("session %s: memories left out (%d): %s", session.session_id, len(empty), empty[:5])
+            log.info("session %s: memories left out (%d): %s", session.session_id, len(empty), empty)
         result = None
         if not tally.errors:
             result = CurationResult(

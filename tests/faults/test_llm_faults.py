@@ -9,6 +9,8 @@ injects each fault (tests/fake_vllm_server.py).
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -189,7 +191,7 @@ def test_the_cli_reports_an_unreachable_llm_server_in_one_line(tmp_path, server,
     assert "cannot reach" in result.output
 
 
-def test_memories_written_without_content_are_left_out_and_counted(tmp_path, hashing_embedder, server, session):
+def test_memories_written_without_content_are_left_out_and_counted(tmp_path, hashing_embedder, server, session, caplog):
     """A small model copying turn ids into a tuple's fields: that tuple is left out, the rest is stored."""
     import json
 
@@ -209,9 +211,29 @@ def test_memories_written_without_content_are_left_out_and_counted(tmp_path, has
         return json.dumps(reply)
 
     server.respond = with_an_empty_tuple
-    with _open(tmp_path / "m.db", server, hashing_embedder) as memory:
+    with _open(tmp_path / "m.db", server, hashing_embedder) as memory, caplog.at_level(logging.INFO):
         report = memory.ingest([session])
         assert (report.curated, report.memories, report.memories_left_out) == (1, 1 + len(session.turns), 1)
         stored = memory.list("alice")
         assert len(stored) == 1 + len(session.turns)
         assert not any(m.kind == "tuple" and m.entity == session.turns[0].turn_id for m in stored)
+
+    # A check at work, not a fault: logged for --verbose with its reason, counted in the CLI's summary.
+    [left_out] = [r for r in caplog.records if "memories left out" in r.getMessage()]
+    assert left_out.levelno == logging.INFO and f"tuple '{session.turns[0].turn_id}'" in left_out.getMessage()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"embedder": {"backend": "hashing"}, **_nested(server.overrides(**OVERRIDES))}))
+    sessions = write_jsonl([session], tmp_path / "s.jsonl")
+    command = ["ingest", str(sessions), "--db", str(tmp_path / "cli.db"), "--config", str(config)]
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    assert "with 5 memories" in result.output and "; 1 left out by the checks (-v lists them)" in result.output
+
+
+def _nested(overrides: dict) -> dict:
+    """Dotted config overrides (``llm.model``) as the YAML mapping they stand for."""
+    nested: dict = {}
+    for dotted, value in overrides.items():
+        section, key = dotted.split(".")
+        nested.setdefault(section, {})[key] = value
+    return nested
