@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from collections import Counter
@@ -42,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hybridmem_local.eval.locomo import load_locomo
+from hybridmem_local.eval.metrics import wilson_interval
 from hybridmem_local.eval.precision import LABELS
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
 from hybridmem_local.text.attribution import misattributed, stating_turns, unsupported_subjects
@@ -74,14 +74,10 @@ def parse_memory(kind: str, text: str, timestamp: str) -> EpisodeDraft | TupleDr
     return EpisodeDraft(title=match["title"], summary=match["details"], details=match["details"], timestamp=timestamp)
 
 
-def wilson(successes: int, n: int, z: float = 1.96) -> list[float] | None:
-    """Wilson score 95% interval of ``successes / n`` (None when ``n`` is 0)."""
-    if n == 0:
-        return None
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+def wilson(successes: int, n: int) -> list[float] | None:
+    """Wilson score 95% interval of ``successes / n``, rounded for the record (None when ``n`` is 0)."""
+    interval = wilson_interval(successes, n)
+    return None if interval is None else [round(end, 4) for end in interval]
 
 
 def share(successes: int, n: int) -> dict:

@@ -29,7 +29,7 @@ from typing import Any
 
 from hybridmem_local.errors import InvalidInputError
 from hybridmem_local.eval.locomo import ADVERSARIAL
-from hybridmem_local.eval.metrics import bootstrap_interval, token_f1
+from hybridmem_local.eval.metrics import score_interval, token_f1
 from hybridmem_local.eval.systems import EvalConversation, EvalQuestion
 from hybridmem_local.schema import StrictModel
 
@@ -230,13 +230,13 @@ def summarise_audit(records: Sequence[dict[str, Any]], judge_model_id: str) -> d
 
     ``false_accept_rate`` is over the planted answers the judge labelled, ``false_reject_rate``
     (under ``reworded``) over the reworded gold answers it labelled (a failed judge reply counts
-    in ``judge_failures``, not as a verdict), each with its bootstrap 95% interval.
+    in ``judge_failures``, not as a verdict), each with its Wilson 95% interval.
     """
 
     def block(rows: Sequence[dict[str, Any]], kind: str) -> dict[str, Any]:
         wrong_label, error_name, rate = _AUDIT_ERRORS[kind]
         errors = [r["label"] == wrong_label for r in rows if r.get("label") is not None]
-        interval = bootstrap_interval(errors)
+        interval = score_interval(errors)
         return {
             kind: len(rows),
             "judged": len(errors),

@@ -16,10 +16,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -234,6 +236,34 @@ def bootstrap_interval(
     draws = np.random.default_rng(seed).integers(0, scorable.size, size=(resamples, scorable.size))
     low, high = np.quantile(scorable[draws].mean(axis=1), [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return float(low), float(high)
+
+
+def wilson_interval(successes: int, n: int, *, level: float = 0.95) -> tuple[float, float] | None:
+    """Wilson score interval of the proportion ``successes / n`` (None when ``n`` is 0).
+
+    It stays inside [0, 1] and is not a point when every question went the same way: 0 right of
+    7 is 0–35%, where the bootstrap says 0–0, as if 7 questions made the rate certain."""
+    if not 0.0 < level < 1.0:
+        raise InvalidInputError(f"level must be between 0 and 1, got {level}")
+    if not 0 <= successes <= n:
+        raise InvalidInputError(f"successes must be between 0 and n, got {successes} of {n}")
+    if n == 0:
+        return None
+    z = NormalDist().inv_cdf((1.0 + level) / 2.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def score_interval(values: Sequence[float | bool | None], *, level: float = 0.95) -> tuple[float, float] | None:
+    """The interval of a per-question score's mean (Nones left out): Wilson's when every value is
+    0 or 1 (a judge's verdicts, a memory right or not, a recall that is all or nothing), the
+    percentile bootstrap over questions for graded scores (F1, BLEU-1)."""
+    scorable = [float(v) for v in values if v is not None]
+    if scorable and all(v in (0.0, 1.0) for v in scorable):
+        return wilson_interval(int(sum(scorable)), len(scorable), level=level)
+    return bootstrap_interval(scorable, level=level)
 
 
 class PairedDifference(StrictModel):

@@ -90,11 +90,11 @@ def summarise_precision(rows: Sequence[dict]) -> dict:
     """Labels counted (with the share of labelled rows), and how the cheap check does on them:
     how many ``wrong_speaker`` memories it flags, how many right ones it flags by mistake, and
     the precision of the memories it would keep."""
-    from hybridmem_local.eval.metrics import bootstrap_interval
+    from hybridmem_local.eval.metrics import score_interval
 
     labelled = [r for r in rows if r.get("label") is not None]
     right = [r["label"] == "right" for r in labelled]
-    interval = bootstrap_interval(right)
+    interval = score_interval(right)
     flagged = [bool(r.get("unsupported_subjects")) for r in labelled]
     wrong_speaker = [f for r, f in zip(labelled, flagged, strict=True) if r["label"] == "wrong_speaker"]
     correct = [f for r, f in zip(labelled, flagged, strict=True) if r["label"] == "right"]

@@ -140,7 +140,8 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
         + (f" (first {options['max_sessions']} per conversation)" if options.get("max_sessions") else "")
         + (f"; first {options['limit']} questions per conversation" if options.get("limit") else ""),
         "- scores are percentages; judge accuracy is the LLM-as-a-judge score (paper Table 1); "
-        "in parentheses the bootstrap 95% interval over questions"
+        "in parentheses the 95% interval over questions (Wilson's for right/wrong scores such as the "
+        "judge's, the bootstrap for graded ones such as F1)"
         + ("; retrieval only: no answers, no judge" if summary["retrieval_only"] else ""),
         *_audit_lines(summary.get("judge_audit")),
         "",

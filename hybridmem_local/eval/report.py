@@ -3,7 +3,8 @@
 ``summary.json`` holds, per system variant, ``overall`` and ``by_category`` blocks with stable
 keys (:data:`RATE_METRICS` plus ``evidence_recall@k`` / ``session_recall@k`` for each reported
 k, :data:`MEAN_FIELDS` and :data:`COUNT_FIELDS`; a figure that does not apply is ``null``; and
-``ci95``, the bootstrap 95% interval over questions of each rate metric), then ``cost`` (LLM
+``ci95``, the 95% interval over questions of each rate metric: Wilson's for right/wrong
+scores, the bootstrap for graded ones, ``metrics.score_interval``), then ``cost`` (LLM
 use per phase), ``counts`` (data problems, truncations, skips), ``consolidation`` (compression
 per min_cluster_size), ``differences`` (paired bootstrap differences between the systems the
 paper compares), ``judge_audit`` (the judge's false-accept and false-reject rates,
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridmem_local.config import Config
-from hybridmem_local.eval.metrics import aggregate, bootstrap_interval, paired_difference
+from hybridmem_local.eval.metrics import aggregate, paired_difference, score_interval
 
 #: Per-question values averaged into rates (judge_accuracy averages ``judge_correct``).
 RATE_METRICS = (
@@ -79,7 +80,7 @@ def _block(records: list[dict], recall_ks: Sequence[int]) -> dict[str, Any]:
         values = [r["metrics"].get(source) for r in records]
         block[name] = aggregate(values).overall.mean
         if name in RATE_METRICS:
-            interval = bootstrap_interval(values)
+            interval = score_interval(values)
             intervals[name] = None if interval is None else list(interval)
     for name, field in MEAN_FIELDS.items():
         block[name] = aggregate([r.get(field) for r in records]).overall.mean

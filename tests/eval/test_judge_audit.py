@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from hybridmem_local.eval.judge_audit import plant_answers, summarise_audit
-from hybridmem_local.eval.metrics import token_f1
+from hybridmem_local.eval.metrics import token_f1, wilson_interval
 from hybridmem_local.eval.systems import EvalConversation, EvalQuestion
 from hybridmem_local.schema import Session, Turn
 
@@ -101,5 +101,8 @@ def test_audit_summary_counts_accepts_over_labelled_answers_only():
     low, high = audit["ci95"]
     assert low <= 1 / 3 <= high
     assert audit["by_category"]["temporal"]["false_accept_rate"] == 0.0
+    # None accepted of the 1 judged: a rate one answer cannot pin to 0 (Wilson's 0–79%, not the bootstrap's 0–0).
+    assert audit["by_category"]["temporal"]["ci95"] == pytest.approx(list(wilson_interval(0, 1)))
+    assert audit["by_category"]["temporal"]["ci95"][1] > 0.75
     assert audit["by_category"]["single-hop"]["accepted"] == 1
     assert summarise_audit([], "j")["false_accept_rate"] is None

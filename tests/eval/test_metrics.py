@@ -19,8 +19,10 @@ from hybridmem_local.eval.metrics import (
     f1_mem0,
     f1_official,
     normalize_answer,
+    score_interval,
     session_recall_at_k,
     token_f1,
+    wilson_interval,
 )
 
 # --------------------------------------------------------------------------- LoCoMo official F1
@@ -191,6 +193,29 @@ def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_questions():
     assert high_many - low_many < (high - low) / 3  # the width shrinks like 1/sqrt(n)
     # The normal approximation at n=400: 0.6 +- 1.96 * sqrt(0.24 / 400) = (0.552, 0.648).
     assert low_many == pytest.approx(0.552, abs=0.01) and high_many == pytest.approx(0.648, abs=0.01)
+
+
+def test_wilson_interval_matches_the_textbook_and_is_no_point_at_the_ends():
+    # Newcombe (1998), Table I: 81 of 263 → 0.2553–0.3662; 0 of 10 → 0–0.2775; 10 of 10 → 0.7225–1.
+    assert wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    low99, high99 = wilson_interval(81, 263, level=0.99)
+    assert low99 < 0.2553 and high99 > 0.3662
+    assert wilson_interval(0, 0) is None
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(11, 10)
+    with pytest.raises(ValueError, match="level"):
+        wilson_interval(1, 2, level=95)
+
+
+def test_score_interval_is_wilsons_for_right_or_wrong_scores_and_the_bootstrap_for_graded_ones():
+    verdicts = [True] * 7 + [None]
+    assert score_interval(verdicts) == wilson_interval(7, 7)  # 7 right of 7: not certain
+    assert score_interval([1.0, 0.0, 0.0, None]) == wilson_interval(1, 3)
+    graded = [1.0, 0.0, 0.5, None, 1.0, 0.25]
+    assert score_interval(graded) == bootstrap_interval(graded)
+    assert score_interval([None]) is None
 
 
 def test_bootstrap_interval_is_seeded_skips_nones_and_needs_a_value():
