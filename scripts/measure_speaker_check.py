@@ -44,7 +44,7 @@ from hybridmem_local.eval.locomo import load_locomo
 from hybridmem_local.eval.metrics import wilson_interval
 from hybridmem_local.eval.precision import LABELS
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
-from hybridmem_local.text.attribution import misattributed, stating_turns, unsupported_subjects
+from hybridmem_local.text.attribution import SessionAttribution, unsupported_subjects
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "docs/results/locomo-study"
@@ -105,16 +105,16 @@ def measure(rows: Sequence[dict], conversations: dict) -> dict:
         cited_ids = [t["turn_id"] for t in row["source_turns"]]
         cited: list[Turn] = [turns[t] for t in cited_ids if t in turns]
         session = session_of(cited_ids, conversation.sessions)
-        session_turns = session.turns if session else []
+        check = SessionAttribution(session.turns if session else [], people)
         old = sorted(unsupported_subjects(memory, cited, people))
-        new = sorted(misattributed(memory, session_turns, people))
+        new = sorted(check.misattributed(memory))
         audit.append(
             {
                 "memory_id": row["memory_id"],
                 "label": row["label"],
                 "memory": row["memory"],
                 "session": session.session_id if session else None,
-                "stating_turns": [t.turn_id for t in stating_turns(memory, session_turns, people)],
+                "stating_turns": [t.turn_id for t in check.stating_turns(memory)],
                 "old_flags": old,
                 "new_flags": new,
                 "old_flag_as_recorded": row["unsupported_subjects"],
@@ -180,22 +180,26 @@ def measure_observations(raw_samples: dict, conversations: dict, tuned_on: set[s
     false_flags = []
     for conversation_id, conversation in conversations.items():
         people = sorted({conversation.speaker_a, conversation.speaker_b})
+        # Each session's turns stemmed once for all the facts checked against it.
+        checks = {s.session_id: SessionAttribution(s.turns, people) for s in conversation.sessions}
         counts: Counter[str] = Counter()
         for person, other, fact, session, evidence in observation_memories(raw_samples[conversation_id], conversation):
             right = EpisodeDraft(title=person, summary=fact, details=fact, timestamp="2023-01-01")
-            swapped = right.model_copy(update={"title": other})
+            as_given = {"right": right, "swapped": right.model_copy(update={"title": other})}
+            check = checks[session.session_id]
+            new_flags = {kind: check.misattributed(memory) for kind, memory in as_given.items()}
             counts["facts"] += 1
-            for kind, memory in (("right", right), ("swapped", swapped)):
+            for kind, memory in as_given.items():
                 counts[f"old_{kind}"] += bool(unsupported_subjects(memory, [evidence], people))
-                counts[f"new_{kind}"] += bool(misattributed(memory, session.turns, people))
-            if misattributed(right, session.turns, people):
+                counts[f"new_{kind}"] += bool(new_flags[kind])
+            if new_flags["right"]:
                 false_flags.append(
                     {
                         "conversation_id": conversation_id,
                         "person": person,
                         "observation": fact,
                         "evidence": evidence.turn_id,
-                        "stating_turns": [t.turn_id for t in stating_turns(right, session.turns, people)],
+                        "stating_turns": [t.turn_id for t in check.stating_turns(right)],
                     }
                 )
         per_conversation[conversation_id] = counts

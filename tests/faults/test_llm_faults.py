@@ -221,19 +221,9 @@ def test_memories_written_without_content_are_left_out_and_counted(tmp_path, has
     # A check at work, not a fault: logged for --verbose with its reason, counted in the CLI's summary.
     [left_out] = [r for r in caplog.records if "memories left out" in r.getMessage()]
     assert left_out.levelno == logging.INFO and f"tuple '{session.turns[0].turn_id}'" in left_out.getMessage()
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"embedder": {"backend": "hashing"}, **_nested(server.overrides(**OVERRIDES))}))
+    overrides = {"embedder.backend": "hashing", **server.overrides(**OVERRIDES)}
     sessions = write_jsonl([session], tmp_path / "s.jsonl")
-    command = ["ingest", str(sessions), "--db", str(tmp_path / "cli.db"), "--config", str(config)]
-    result = CliRunner().invoke(app, command)
+    settings = [f"--set={key}={value}" for key, value in overrides.items()]
+    result = CliRunner().invoke(app, ["ingest", str(sessions), "--db", str(tmp_path / "cli.db"), *settings])
     assert result.exit_code == 0, result.output
     assert "with 5 memories" in result.output and "; 1 left out by the checks (-v lists them)" in result.output
-
-
-def _nested(overrides: dict) -> dict:
-    """Dotted config overrides (``llm.model``) as the YAML mapping they stand for."""
-    nested: dict = {}
-    for dotted, value in overrides.items():
-        section, key = dotted.split(".")
-        nested.setdefault(section, {})[key] = value
-    return nested
