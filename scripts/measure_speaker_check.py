@@ -226,7 +226,9 @@ def measure_observations(raw_samples: dict, conversations: dict, tuned_on: set[s
 
 
 def pct(s: dict) -> str:
-    low, high = s["ci95_wilson"] or (0.0, 0.0)
+    if s["share"] is None:  # nothing to count (e.g. no memory kept when every one is flagged)
+        return f"{s['count']}/{s['of']}"
+    low, high = s["ci95_wilson"]
     return f"{s['count']}/{s['of']} = {100 * s['share']:.1f}% ({100 * low:.1f}–{100 * high:.1f})"
 
 
