@@ -29,7 +29,7 @@ from datetime import date
 from pathlib import Path
 
 from hybridmem_local.eval.locomo import CATEGORY_NAMES
-from hybridmem_local.eval.metrics import f1_official, paired_difference, score_interval
+from hybridmem_local.eval.metrics import aggregate, f1_official, paired_difference, score_interval
 from hybridmem_local.eval.shards import Shard, shard_folders
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,13 +84,9 @@ def _scores(records: list[dict]) -> tuple[list[float | None], list[float | None]
 
 
 def _figure(values: list[float | None]) -> dict:
-    scored = [v for v in values if v is not None]
-    interval = score_interval(scored)
-    return {
-        "n": len(scored),
-        "mean": sum(scored) / len(scored) if scored else None,
-        "ci95": None if interval is None else list(interval),
-    }
+    summary = aggregate(values).overall
+    interval = score_interval(values)
+    return {"n": summary.count, "mean": summary.mean, "ci95": None if interval is None else list(interval)}
 
 
 def measure(study: Path) -> dict:
