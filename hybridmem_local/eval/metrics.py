@@ -266,6 +266,30 @@ def score_interval(values: Sequence[float | bool | None], *, level: float = 0.95
     return bootstrap_interval(scorable, level=level)
 
 
+def ratio_interval(
+    numerators: Sequence[float],
+    denominators: Sequence[float],
+    *,
+    level: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of ``sum(numerators) / sum(denominators)`` over units resampled
+    together (e.g. a run's seconds and the answers it made). None with fewer than two units: one
+    run says nothing about how much the next one varies."""
+    if len(numerators) != len(denominators):
+        raise InvalidInputError(f"ratio needs equal lengths, got {len(numerators)} and {len(denominators)}")
+    if len(numerators) < 2:
+        return None
+    if any(d <= 0 for d in denominators):
+        raise InvalidInputError("every denominator of a ratio must be positive")
+    top, bottom = np.array(numerators, dtype=float), np.array(denominators, dtype=float)
+    draws = np.random.default_rng(seed).integers(0, top.size, size=(resamples, top.size))
+    ratios = top[draws].sum(axis=1) / bottom[draws].sum(axis=1)
+    low, high = np.quantile(ratios, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(low), float(high)
+
+
 class PairedDifference(StrictModel):
     """Mean of ``a - b`` over the questions both systems have a value for, with its interval."""
 

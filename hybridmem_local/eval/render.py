@@ -55,9 +55,9 @@ def _interval(block: dict[str, Any], name: str) -> list[float] | None:
 
 def write_csv(summary: dict[str, Any], path: Path) -> None:
     """One row per system and category (``overall`` first), every figure a column, then the
-    95% interval of each rate metric as ``<metric>_ci95_low`` / ``_high``."""
+    95% interval of each rate metric and mean as ``<metric>_ci95_low`` / ``_high``."""
     columns = _columns(summary)
-    bounds = [(name, end) for name in RATE_METRICS for end in ("low", "high")]
+    bounds = [(name, end) for name in (*RATE_METRICS, *MEAN_FIELDS) for end in ("low", "high")]
     with open(path, "w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
         writer.writerow(["system", "category", *columns, *(f"{name}_ci95_{end}" for name, end in bounds)])
@@ -72,12 +72,21 @@ def write_csv(summary: dict[str, Any], path: Path) -> None:
 
 
 def _cell(block: dict[str, Any], name: str) -> str:
-    """A figure for the Markdown tables; a rate metric with its 95% interval, e.g. ``62.5 (50.0–75.0)``."""
+    """A figure for the Markdown tables with its 95% interval, e.g. ``62.5 (50.0–75.0)``."""
     text = _fmt(name, block.get(name))
     interval = _interval(block, name)
-    if interval is not None and name in RATE_METRICS:
-        text += f" ({100 * interval[0]:.1f}–{100 * interval[1]:.1f})"
+    if interval is not None:
+        text += f" ({_fmt(name, interval[0])}–{_fmt(name, interval[1])})"
     return text
+
+
+def _answer_cost(summary: dict[str, Any], label: str) -> str:
+    """Seconds per answer the model made (``report.answer_costs``), with the interval over runs."""
+    cost = summary["cost"].get("answering", {}).get(label)
+    if cost is None:
+        return "–"
+    interval = cost["ci95"]
+    return f"{cost['s_per_answer']:.1f}" + ("" if interval is None else f" ({interval[0]:.1f}–{interval[1]:.1f})")
 
 
 def _fmt(name: str, value: Any) -> str:
@@ -103,7 +112,6 @@ _TITLES = {
     "evidence_recall_audited": "evidence recall (audited)",
     "context_tokens_mean": "context tok",
     "prompt_tokens_mean": "prompt tok",
-    "answer_latency_s_mean": "answer s",
     "retrieval_latency_s_mean": "retrieval s",
     "n": "n",
     "context_truncations": "truncated",
@@ -141,8 +149,11 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
         + (f"; first {options['limit']} questions per conversation" if options.get("limit") else ""),
         "- scores are percentages; judge accuracy is the LLM-as-a-judge score (paper Table 1); "
         "in parentheses the 95% interval over questions (Wilson's for right/wrong scores such as the "
-        "judge's, the bootstrap for graded ones such as F1)"
+        "judge's, the bootstrap for graded ones such as F1 and for means such as tokens)"
         + ("; retrieval only: no answers, no judge" if summary["retrieval_only"] else ""),
+        "- s per answer: the answering phase's wall seconds per answer the model made (answers decoded "
+        "in batches; cached ones left out), in parentheses the bootstrap 95% interval over runs "
+        "(one per conversation and invocation)",
         *_audit_lines(summary.get("judge_audit")),
         "",
         "## Overall",
@@ -151,8 +162,11 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
     columns = [c for c in (*RATE_METRICS, *recall_keys(summary["recall_ks"])) if _has_values(summary, c)]
     columns += [*MEAN_FIELDS, "n", "context_truncations"]
     lines += _table(
-        ["system", *(_TITLES.get(c, c) for c in columns)],
-        [[label, *(_cell(entry["overall"], c) for c in columns)] for label, entry in systems.items()],
+        ["system", *(_TITLES.get(c, c) for c in columns), "s per answer"],
+        [
+            [label, *(_cell(entry["overall"], c) for c in columns), _answer_cost(summary, label)]
+            for label, entry in systems.items()
+        ],
     )
     categories = ordered_categories(c for entry in systems.values() for c in entry["by_category"])
     for metric in [m for m in (*RATE_METRICS, "evidence_recall@10") if _has_values(summary, m)]:

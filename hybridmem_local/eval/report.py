@@ -3,14 +3,14 @@
 ``summary.json`` holds, per system variant, ``overall`` and ``by_category`` blocks with stable
 keys (:data:`RATE_METRICS` plus ``evidence_recall@k`` / ``session_recall@k`` for each reported
 k, :data:`MEAN_FIELDS` and :data:`COUNT_FIELDS`; a figure that does not apply is ``null``; and
-``ci95``, the 95% interval over questions of each rate metric: Wilson's for right/wrong
-scores, the bootstrap for graded ones, ``metrics.score_interval``), then ``cost`` (LLM
-use per phase), ``counts`` (data problems, truncations, skips), ``consolidation`` (compression
-per min_cluster_size), ``differences`` (paired bootstrap differences between the systems the
-paper compares), ``judge_audit`` (the judge's false-accept and false-reject rates,
-``eval/judge_audit.py``) and the run options. ``render.py`` draws ``summary.md``,
-``summary.csv`` and the plots from it; ``hybridmem eval report DIR`` redraws them from
-``summary.json``.
+``ci95``, the 95% interval over questions of each rate metric and mean: Wilson's for right/wrong
+scores, the bootstrap for graded ones and means, ``metrics.score_interval``), then ``cost`` (LLM
+use per phase, and seconds per answer per system, :func:`answer_costs`), ``counts`` (data
+problems, truncations, skips), ``consolidation`` (compression per min_cluster_size),
+``differences`` (paired bootstrap differences between the systems the paper compares),
+``judge_audit`` (the judge's false-accept and false-reject rates, ``eval/judge_audit.py``) and
+the run options. ``render.py`` draws ``summary.md``, ``summary.csv`` and the plots from it;
+``hybridmem eval report DIR`` redraws them from ``summary.json``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from hybridmem_local.config import Config
-from hybridmem_local.eval.metrics import aggregate, paired_difference, score_interval
+from hybridmem_local.eval.metrics import (
+    aggregate,
+    bootstrap_interval,
+    paired_difference,
+    ratio_interval,
+    score_interval,
+)
 
 #: Per-question values averaged into rates (judge_accuracy averages ``judge_correct``).
 RATE_METRICS = (
@@ -49,12 +55,14 @@ PAIRED_COMPARISONS = (
     ("fused", "hybrid"),
 )
 #: Metrics the paired differences are given for.
-PAIRED_METRICS = ("judge_accuracy", "judge_accuracy_audited", "f1", "evidence_recall")
-#: Per-question quantities averaged over the questions that have them.
+PAIRED_METRICS = ("judge_accuracy", "judge_accuracy_audited", "f1_official", "f1", "evidence_recall")
+#: Per-question quantities averaged over the questions that have them, each with its bootstrap
+#: interval. A question's own answer seconds are not among them: answers are decoded in batches
+#: and a cached answer costs a lookup, so seconds per answer come from the runs' usage rows
+#: (:func:`answer_costs`).
 MEAN_FIELDS = {
     "context_tokens_mean": "context_tokens",
     "prompt_tokens_mean": "prompt_tokens",
-    "answer_latency_s_mean": "answer_s",
     "retrieval_latency_s_mean": "retrieval_s",
 }
 COUNT_FIELDS = ("n", "judged", "answer_failures", "judge_failures", "context_truncations")
@@ -83,7 +91,10 @@ def _block(records: list[dict], recall_ks: Sequence[int]) -> dict[str, Any]:
             interval = score_interval(values)
             intervals[name] = None if interval is None else list(interval)
     for name, field in MEAN_FIELDS.items():
-        block[name] = aggregate([r.get(field) for r in records]).overall.mean
+        values = [r.get(field) for r in records]
+        block[name] = aggregate(values).overall.mean
+        interval = bootstrap_interval(values)
+        intervals[name] = None if interval is None else list(interval)
     block["n"] = len(records)
     block["judged"] = sum(r["metrics"].get("judge_correct") is not None for r in records)
     block["answer_failures"] = sum(r.get("answer_error") is not None for r in records)
@@ -204,6 +215,7 @@ def cost_summary(usage_rows: list[dict], config_hash: str, conversations: Sequen
     ]
     return {
         "phases": phase_totals(rows),
+        "answering": answer_costs(rows),
         "invocations": len({r.get("started_at") for r in usage_rows if r.get("config_hash") == config_hash}),
     }
 
@@ -222,6 +234,31 @@ def phase_totals(usage_rows: Iterable[dict]) -> dict[str, dict[str, Any]]:
         phase["llm_s"] = round(phase["llm_s"], 2)
         phase["wall_s"] = round(phase["wall_s"], 2)
     return phases
+
+
+def answer_costs(usage_rows: Iterable[dict]) -> dict[str, dict[str, Any]]:
+    """Seconds per answer the model made, per system: the answering phase's wall time over its
+    model calls, summed over the runs (a usage row per invocation, conversation and system) that
+    made any. Cached answers cost a lookup and are left out. ``ci95`` is the bootstrap over those
+    runs (None from one run): answers are decoded together in batches, so one answer's own
+    seconds are not defined and the run is the unit that varies."""
+    runs: dict[str, list[tuple[float, int]]] = {}
+    for row in usage_rows:
+        made = row.get("requests", 0) - row.get("cached", 0)
+        if row.get("phase") == "answering" and made > 0:
+            runs.setdefault(row["system"], []).append((row.get("wall_s", 0.0), made))
+    costs = {}
+    for system, pairs in runs.items():
+        seconds, answers = [s for s, _ in pairs], [n for _, n in pairs]
+        interval = ratio_interval(seconds, answers)
+        costs[system] = {
+            "runs": len(pairs),
+            "answers": sum(answers),
+            "wall_s": round(sum(seconds), 2),
+            "s_per_answer": sum(seconds) / sum(answers),
+            "ci95": None if interval is None else list(interval),
+        }
+    return costs
 
 
 # --------------------------------------------------------------------------- manifest

@@ -28,6 +28,7 @@ from hybridmem_local.eval.records import PREDICTIONS, USAGE, read_records
 from hybridmem_local.eval.report import (
     MANIFEST,
     SUMMARY_JSON,
+    answer_costs,
     build_summary,
     consolidation_totals,
     phase_totals,
@@ -103,6 +104,7 @@ def combine_shards(study: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 counts[name] = counts.get(name, 0) + value
     audit_rows = [row for shard in shards for row in shard.audit_rows]
+    usage = [row for shard in shards for row in shard.usage]
     judge_model = first.manifest["models"]["judge"]["model_id"]
     summary = build_summary(
         records=[r for shard in shards for r in shard.records],
@@ -110,7 +112,11 @@ def combine_shards(study: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         benchmark=first.summary["benchmark"],
         recall_ks=first.summary["recall_ks"],
         retrieval_only=first.summary["retrieval_only"],
-        cost={"phases": phase_totals(r for shard in shards for r in shard.usage), "invocations": len(shards)},
+        cost={
+            "phases": phase_totals(usage),
+            "answering": answer_costs(usage),
+            "invocations": len(shards),
+        },
         counts=counts,
         consolidation={},
         options={name: first.summary["options"].get(name) for name in _SHARED_OPTIONS},

@@ -19,6 +19,7 @@ from hybridmem_local.eval.metrics import (
     f1_mem0,
     f1_official,
     normalize_answer,
+    ratio_interval,
     score_interval,
     session_recall_at_k,
     token_f1,
@@ -226,3 +227,16 @@ def test_bootstrap_interval_is_seeded_skips_nones_and_needs_a_value():
     assert bootstrap_interval([None, None]) is None
     with pytest.raises(ValueError, match="level"):
         bootstrap_interval([1.0], level=95)
+
+
+def test_ratio_interval_resamples_units_whole_and_needs_two():
+    seconds, answers = [300.0, 660.0, 400.0], [10, 20, 10]  # 30, 33 and 40 s per answer
+    low, high = ratio_interval(seconds, answers)
+    assert 30.0 <= low < sum(seconds) / sum(answers) < high <= 40.0
+    assert ratio_interval(seconds, answers) == (low, high)  # seeded
+    assert ratio_interval([300.0, 600.0], [10, 20]) == pytest.approx((30.0, 30.0))  # runs that agree
+    assert ratio_interval([300.0], [10]) is None  # one run says nothing about the next
+    with pytest.raises(ValueError, match="equal lengths"):
+        ratio_interval([1.0, 2.0], [1])
+    with pytest.raises(ValueError, match="positive"):
+        ratio_interval([1.0, 2.0], [1, 0])

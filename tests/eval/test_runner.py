@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 import json
 import sqlite3
 import sys
@@ -18,12 +19,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
 from hybridmem_local.config import Config, load_config
 from hybridmem_local.eval.metrics import wilson_interval
 from hybridmem_local.eval.options import RunOptions, system_runs
-from hybridmem_local.eval.render import write_report
-from hybridmem_local.eval.report import build_summary
+from hybridmem_local.eval.render import render_markdown, write_report
+from hybridmem_local.eval.report import answer_costs, build_summary
 from hybridmem_local.eval.systems import (
     EvalConversation,
     EvalQuestion,
@@ -303,6 +305,51 @@ def test_summary_aggregates_per_system_and_category_and_draws_sweeps(tmp_path):
         hybrid["overall"]["ci95"]["judge_accuracy"][0]
     )
     assert json.loads((tmp_path / "summary.json").read_text())["systems"]["hybrid@k2"]["k"] == 2
+    # Means carry their bootstrap interval too (tokens vary by question here: 100 to 400).
+    low, high = hybrid["overall"]["ci95"]["context_tokens_mean"]
+    assert 100 <= low < hybrid["overall"]["context_tokens_mean"] < high <= 400
+    assert float(overall_row["context_tokens_mean_ci95_high"]) == pytest.approx(high)
+
+
+def _usage(system: str, requests: int, cached: int, wall_s: float, phase: str = "answering") -> dict:
+    return {"phase": phase, "system": system, "requests": requests, "cached": cached, "wall_s": wall_s}
+
+
+def test_seconds_per_answer_count_only_the_answers_the_model_made():
+    rows = [
+        _usage("hybrid", 20, 0, 600.0),  # a fresh run: 30 s per answer
+        _usage("hybrid", 20, 14, 240.0),  # a resumed one: 6 answers made, 40 s each
+        _usage("hybrid", 20, 20, 0.5),  # all cached: a lookup, no answer made
+        _usage("hybrid", 20, 0, 90.0, phase="judging"),
+        _usage("rag", 20, 0, 1000.0),
+    ]
+    costs = answer_costs(rows)
+    assert costs["hybrid"]["runs"] == 2 and costs["hybrid"]["answers"] == 26
+    assert costs["hybrid"]["s_per_answer"] == pytest.approx(840.0 / 26)
+    low, high = costs["hybrid"]["ci95"]
+    assert 30.0 <= low < high <= 40.0
+    assert costs["rag"]["s_per_answer"] == pytest.approx(50.0) and costs["rag"]["ci95"] is None
+
+    records = [_record(system, "q0", "single-hop", True, True, 100) for system in ("hybrid", "rag")]
+    runs = [{"label": s, "system": s, "k": 10, "mcs": None} for s in ("hybrid", "rag")]
+    summary = build_summary(
+        records=records,
+        runs=runs,
+        benchmark="locomo",
+        recall_ks=[2],
+        retrieval_only=False,
+        cost={"phases": {}, "answering": costs, "invocations": 3},
+        counts={},
+        options={},
+        consolidation={},
+    )
+    markdown = render_markdown(summary)
+    header = next(line for line in markdown.splitlines() if line.startswith("| system | LLM judge"))
+    assert header.endswith("| s per answer |")
+    assert next(line for line in markdown.splitlines() if line.startswith("| hybrid |")).endswith(
+        f"| {840 / 26:.1f} ({low:.1f}–{high:.1f}) |"
+    )
+    assert next(line for line in markdown.splitlines() if line.startswith("| rag |")).endswith("| 50.0 |")
 
 
 # --------------------------------------------------------------------------- end to end (slow)
@@ -472,8 +519,11 @@ def test_a_second_run_asks_the_model_nothing(first_run, e2e_config, locomo_path)
     rows = _cache_rows(cache)
     from hybridmem_local.eval.runner import run_evaluation
 
+    consolidation = json.loads((first_run / "summary.json").read_text())["consolidation"]
     again = run_evaluation(_options(locomo_path, first_run), config)
     assert again.model_calls == 0 and again.new_records == 0 and again.resumed_records == 12
+    # Nothing left to answer, yet the report keeps what consolidation made of the store.
+    assert consolidation["mcs10"]["conversations"] == 1 and again.summary["consolidation"] == consolidation
     # Without the predictions file every question is answered and judged again, from the cache.
     # Only successful replies are cached, so a reply that failed the first time (SmolLM2's judge
     # verdicts sometimes do) is asked again, and nothing else is.
@@ -614,3 +664,25 @@ def test_longmemeval_retrieval_only_reports_session_recall(e2e_config, tmp_path)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert set(summary["systems"]["rag"]["by_category"]) == {"single-session-user", "multi-session"}
     assert summary["systems"]["full-context"]["overall"]["session_recall@1"] is None
+
+
+def test_a_phase_s_usage_is_on_disk_when_it_ends_so_a_killed_run_keeps_it(tmp_path):
+    """A run killed mid-way (a machine handed back: no ``finally`` runs) keeps the cost of the
+    phases it finished, as it keeps their predictions; the resumed run adds only its own."""
+    from hybridmem_local.eval.accounting import PhaseUsage
+    from hybridmem_local.eval.runner import _Run, evaluation_config
+
+    out = tmp_path / "out"
+    out.mkdir()
+    options = RunOptions(benchmark="locomo", data=tmp_path / "locomo.json", out=out, systems=["hybrid"])
+    run = _Run(options, evaluation_config(Config()), Console(file=io.StringIO()))
+    run._record_usage("answering", PhaseUsage(requests=3, cached=1, wall_s=60.0, units=3), "conv-1", "hybrid")
+    [row] = [json.loads(line) for line in (out / "usage.jsonl").read_text().splitlines()]
+    assert (row["phase"], row["conversation_id"], row["system"], row["requests"], row["cached"]) == (
+        "answering",
+        "conv-1",
+        "hybrid",
+        3,
+        1,
+    )
+    assert row["config_hash"] == run.config_hash and row["wall_s"] == 60.0

@@ -211,6 +211,7 @@ def test_paired_differences_compare_the_claimed_pairs_on_shared_questions():
         metrics = {
             "judge_correct": correct,
             "judge_correct_audited": None,
+            "f1_official": 0.5 * correct,
             "f1": float(correct),
             "evidence_recall": None,
         }
@@ -228,6 +229,7 @@ def test_paired_differences_compare_the_claimed_pairs_on_shared_questions():
     assert found[("hybrid", "episodic-only", "judge_accuracy")]["n"] == 3
     assert found[("hybrid", "episodic-only", "judge_accuracy")]["difference"] == pytest.approx(1 / 3)
     assert found[("hybrid+consolidation@mcs5", "hybrid", "f1")]["difference"] == pytest.approx(-1 / 4)
+    assert found[("hybrid+consolidation@mcs5", "hybrid", "f1_official")]["difference"] == pytest.approx(-1 / 8)
     assert not any(d["metric"] in ("judge_accuracy_audited", "evidence_recall") for d in found.values())
 
 
