@@ -1,8 +1,8 @@
 """LLM accounting of an evaluation run: per-phase usage and the metered view of a shared backend.
 
 Every phase (curation, consolidation, retrieval, answering, judging, the judge audit) counts into its own
-:class:`PhaseUsage`; the runner sums them per invocation and appends one row per phase and
-conversation to ``usage.jsonl``, from which the report's cost table is built.
+:class:`PhaseUsage`; the runner sums them per invocation and appends one row per phase,
+conversation and system to ``usage.jsonl`` as each ends, from which the report's cost table is built.
 """
 
 from __future__ import annotations

@@ -85,6 +85,8 @@ log = logging.getLogger(__name__)
 
 #: Below this many tokens for the context, answering would be pointless: a config error.
 MIN_CONTEXT_TOKENS = 64
+#: Beside a consolidated copy of a store: the curated store's counts it was made from and its report.
+CONSOLIDATION_MARKER = ".consolidation.json"
 
 
 # --------------------------------------------------------------------------- the run
@@ -126,7 +128,6 @@ class _Run:
         self.config = config
         self.console = console
         self.usage: dict[str, PhaseUsage] = {phase: PhaseUsage() for phase in PHASES}
-        self.usage_rows: list[dict] = []
         self.models = Models(config, options.cache_path)
         self.config_hash = config_hash(config)
         self.runs = system_runs(options, config)
@@ -184,7 +185,6 @@ class _Run:
                 else self.judging.audit(benchmark.conversations)
             )
         finally:
-            append_jsonl(options.out / USAGE, self.usage_rows)
             self.models.close()
         records = [
             r
@@ -247,16 +247,17 @@ class _Run:
 
     def _record_usage(self, phase: str, scope: PhaseUsage, conversation_id: str, system: str | None = None) -> None:
         self.usage[phase].add(scope)
-        self.usage_rows.append(
-            {
-                "config_hash": self.config_hash,
-                "started_at": self.started.isoformat(),
-                "phase": phase,
-                "conversation_id": conversation_id,
-                "system": system,
-                **scope.model_dump(),
-            }
-        )
+        # On disk at once, as predictions are: a run killed later (a machine handed back) keeps
+        # what its finished phases cost, and the resumed run adds only what it does itself.
+        row = {
+            "config_hash": self.config_hash,
+            "started_at": self.started.isoformat(),
+            "phase": phase,
+            "conversation_id": conversation_id,
+            "system": system,
+            **scope.model_dump(),
+        }
+        append_jsonl(self.options.out / USAGE, [row])
 
     # ------------------------------------------------------------------ one conversation
 
@@ -292,6 +293,9 @@ class _Run:
                 key = self.keys[run.label]
                 pending = [q for q in conversation.questions if (key, q.question_id) not in done]
                 if not pending:
+                    if SYSTEMS[run.system].needs == "consolidated" and curated:
+                        # Answered by an earlier invocation: its compression still belongs in this report.
+                        self._note_consolidation(run, memory, conversation)
                     continue
                 system_memory = self._memory_for(run, memory, conversation, curated, opened)
                 if system_memory is None:
@@ -354,11 +358,10 @@ class _Run:
         """A copy of the curated store consolidated at ``run.mcs``, made once and reused while the
         curated store stays as it was (its counts are kept beside the copy)."""
         from hybridmem_local.memory import HybridMemory
-        from hybridmem_local.results import ConsolidationReport
 
         namespace = conversation.namespace
-        path = self.options.stores_dir / f"{namespace}.consolidated-mcs{run.mcs}.db"
-        marker = Path(str(path) + ".consolidation.json")
+        path = self._consolidated_path(run, conversation)
+        marker = Path(str(path) + CONSOLIDATION_MARKER)
         if run.mcs is None:
             raise InvalidInputError(f"{run.label}: a consolidated system's run needs its min_cluster_size (mcs)")
         config = self.config.model_copy(deep=True)
@@ -386,7 +389,26 @@ class _Run:
                 f"{conversation.conversation_id}: consolidated (mcs {run.mcs}) {report.memories_before} → "
                 f"{report.memories_after} memories ({report.compression_pct:.1f}% compression) in {usage.wall_s:.0f}s"
             )
-        report = ConsolidationReport.model_validate(json.loads(marker.read_text(encoding="utf-8"))["report"])
+        self._note_consolidation(run, memory, conversation)
+        copy = HybridMemory.open(path, config, embedder=self.embedder)
+        opened.append(copy)
+        return copy
+
+    def _consolidated_path(self, run: SystemRun, conversation: EvalConversation) -> Path:
+        return self.options.stores_dir / f"{conversation.namespace}.consolidated-mcs{run.mcs}.db"
+
+    def _note_consolidation(self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation) -> None:
+        """Report the compression of the consolidated copy made from the curated store as it is now
+        (the counts kept beside the copy); nothing when there is no such copy."""
+        from hybridmem_local.results import ConsolidationReport
+
+        marker = Path(str(self._consolidated_path(run, conversation)) + CONSOLIDATION_MARKER)
+        if not marker.exists():
+            return
+        made = json.loads(marker.read_text(encoding="utf-8"))
+        if made["base"] != memory.stats(conversation.namespace).counts:
+            return  # made from a store that has changed since: not what these answers read
+        report = ConsolidationReport.model_validate(made["report"])
         entries = self.consolidation.setdefault(f"mcs{run.mcs}", [])
         if not any(e["conversation_id"] == conversation.conversation_id for e in entries):
             entries.append(
@@ -401,9 +423,6 @@ class _Run:
                     "deletions": sum(s.deletions for s in report.stores.values()),
                 }
             )
-        copy = HybridMemory.open(path, config, embedder=self.embedder)
-        opened.append(copy)
-        return copy
 
     # ------------------------------------------------------------------ questions of one system
 
