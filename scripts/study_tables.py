@@ -1,0 +1,162 @@
+"""The tables of docs/benchmarks.md §15, drawn from the study's committed records.
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/study_tables.py                 # print them
+    PYTHONPATH=$PWD .venv/bin/python scripts/study_tables.py --check docs/benchmarks.md
+
+Reads what ``hybridmem eval report docs/results/locomo-study`` wrote (``summary.json``) and what
+``scripts/measure_date_format.py --out`` wrote (``date_format.json``), and prints three Markdown
+tables: the systems' scores with their 95% intervals, tokens and seconds per answer; the paired
+differences the paper claims; temporal and overall F1 as answered and with the answers' ISO dates
+in words. After a shard lands, rerun the report and the date-format script, then paste these in
+place of §15's tables; ``--check`` exits 1, naming the table, when the document does not hold one
+of them verbatim (a test runs it, so the document cannot drift from the records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY = REPO / "docs/results/locomo-study"
+
+#: (summary metric, column title) of the scores table, in order.
+SCORE_COLUMNS = (
+    ("judge_accuracy", "judge (strict)"),
+    ("judge_accuracy_audited", "judge, audited gold"),
+    ("f1_official", "F1 (LoCoMo)"),
+    ("f1", "F1 (mem0)"),
+    ("f1_audited", "F1 (mem0), audited gold"),
+    ("bleu1", "BLEU-1"),
+    ("evidence_recall", "evidence recall"),
+)
+#: (summary metric, column title) of the paired-differences table.
+PAIRED_COLUMNS = (
+    ("judge_accuracy", "judge (strict)"),
+    ("f1_official", "F1 (LoCoMo)"),
+    ("evidence_recall", "evidence recall"),
+)
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join([_row(header), "|" + "---|" * len(header), *(_row(r) for r in rows)])
+
+
+def _label(label: str, entry: dict[str, Any]) -> str:
+    """A system's name; the config's own consolidation setting named, as the swept one is."""
+    return f"{label} (mcs {entry['mcs']})" if entry.get("mcs") and "@mcs" not in label else label
+
+
+def _rate(value: float | None, interval: list[float] | None) -> str:
+    if value is None:
+        return "–"
+    return f"{100 * value:.1f}" + ("" if interval is None else f" ({100 * interval[0]:.0f}–{100 * interval[1]:.0f})")
+
+
+def _amount(value: float | None, interval: list[float] | None, lone: str = "") -> str:
+    """A count or a time with its interval; ``lone`` said instead where there is none."""
+    if value is None:
+        return "–"
+    if interval is None:
+        return f"{value:.0f} {lone}".rstrip()
+    return f"{value:.0f} ({interval[0]:.0f}–{interval[1]:.0f})"
+
+
+def _difference(value: float, interval: list[float]) -> str:
+    text = f"{100 * value:+.1f} ({100 * interval[0]:+.1f} to {100 * interval[1]:+.1f})"
+    decided = interval[0] > 0 or interval[1] < 0
+    return f"**{text}**" if decided else text
+
+
+def scores_table(summary: dict[str, Any]) -> str:
+    rows = []
+    for label, entry in summary["systems"].items():
+        overall = entry["overall"]
+        cost = summary["cost"].get("answering", {}).get(label)
+        rows.append(
+            [
+                _label(label, entry),
+                *(_rate(overall.get(name), overall["ci95"].get(name)) for name, _ in SCORE_COLUMNS),
+                _amount(overall.get("context_tokens_mean"), overall["ci95"].get("context_tokens_mean")),
+                "–" if cost is None else _amount(cost["s_per_answer"], cost["ci95"], lone="(one run)"),
+            ]
+        )
+    return _table(["system", *(title for _, title in SCORE_COLUMNS), "context tok", "s per answer"], rows)
+
+
+def paired_table(summary: dict[str, Any]) -> str:
+    found = {(d["system"], d["baseline"], d["metric"]): d for d in summary["differences"]}
+    pairs = list(dict.fromkeys((d["system"], d["baseline"]) for d in summary["differences"]))
+    rows = []
+    for system, baseline in pairs:
+        cells = []
+        for metric, _ in PAIRED_COLUMNS:
+            d = found.get((system, baseline, metric))
+            cells.append("–" if d is None or d["ci95"] is None else _difference(d["difference"], d["ci95"]))
+        rows.append([f"{system} − {baseline}", *cells])
+    return _table(["system − baseline", *(title for _, title in PAIRED_COLUMNS)], rows)
+
+
+def date_format_table(summary: dict[str, Any], date_format: dict[str, Any]) -> str:
+    def figure(block: dict[str, Any]) -> str:
+        return _rate(block["mean"], block["ci95"])
+
+    rows = []
+    for label, figures in date_format["systems"].items():
+        temporal, overall = figures["temporal"], figures["overall"]
+        rows.append(
+            [
+                _label(label, summary["systems"].get(label, {})),
+                figure(temporal["as_answered"]),
+                figure(temporal["dates_in_words"]),
+                figure(overall["as_answered"]),
+                figure(overall["dates_in_words"]),
+                _difference(overall["difference"]["difference"], overall["difference"]["ci95"]).strip("*"),
+            ]
+        )
+    header = [
+        "system",
+        "temporal F1 as answered",
+        "temporal F1, dates in words",
+        "F1 as answered",
+        "F1, dates in words",
+        "change in F1 (paired)",
+    ]
+    return _table(header, rows)
+
+
+def tables(study: Path) -> dict[str, str]:
+    summary = json.loads((study / "summary.json").read_text(encoding="utf-8"))
+    date_format = json.loads((study / "date_format.json").read_text(encoding="utf-8"))
+    return {
+        "scores": scores_table(summary),
+        "paired differences": paired_table(summary),
+        "dates in words": date_format_table(summary, date_format),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", type=Path, default=STUDY, help="the study folder (default: %(default)s)")
+    parser.add_argument("--check", type=Path, help="a document that must hold every table verbatim")
+    args = parser.parse_args(argv)
+    drawn = tables(args.study)
+    if args.check is None:
+        print("\n\n".join(drawn.values()))
+        return 0
+    document = args.check.read_text(encoding="utf-8")
+    stale = [name for name, table in drawn.items() if table not in document]
+    for name in stale:
+        print(f"{args.check}: its {name} table is not the one the records give; paste this:\n\n{drawn[name]}\n")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
