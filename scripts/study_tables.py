@@ -70,9 +70,13 @@ def _amount(value: float | None, interval: list[float] | None, lone: str = "") -
 
 
 def _difference(value: float, interval: list[float]) -> str:
-    text = f"{100 * value:+.1f} ({100 * interval[0]:+.1f} to {100 * interval[1]:+.1f})"
-    decided = interval[0] > 0 or interval[1] < 0
-    return f"**{text}**" if decided else text
+    return f"{100 * value:+.1f} ({100 * interval[0]:+.1f} to {100 * interval[1]:+.1f})"
+
+
+def _decided(value: float, interval: list[float]) -> str:
+    """A difference, bold when its interval leaves out 0."""
+    text = _difference(value, interval)
+    return f"**{text}**" if interval[0] > 0 or interval[1] < 0 else text
 
 
 def scores_table(summary: dict[str, Any]) -> str:
@@ -99,7 +103,7 @@ def paired_table(summary: dict[str, Any]) -> str:
         cells = []
         for metric, _ in PAIRED_COLUMNS:
             d = found.get((system, baseline, metric))
-            cells.append("–" if d is None or d["ci95"] is None else _difference(d["difference"], d["ci95"]))
+            cells.append("–" if d is None or d["ci95"] is None else _decided(d["difference"], d["ci95"]))
         rows.append([f"{system} − {baseline}", *cells])
     return _table(["system − baseline", *(title for _, title in PAIRED_COLUMNS)], rows)
 
@@ -118,7 +122,7 @@ def date_format_table(summary: dict[str, Any], date_format: dict[str, Any]) -> s
                 figure(temporal["dates_in_words"]),
                 figure(overall["as_answered"]),
                 figure(overall["dates_in_words"]),
-                _difference(overall["difference"]["difference"], overall["difference"]["ci95"]).strip("*"),
+                _difference(overall["difference"]["difference"], overall["difference"]["ci95"]),
             ]
         )
     header = [

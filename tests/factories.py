@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import ModuleType
 
 from hybridmem_local.llm.base import LLMRequest, LLMResult
 from hybridmem_local.llm.replies import check_reply
 from hybridmem_local.schema import EpisodeDraft, Session, TupleDraft, Turn
 
 BASE_DATE = datetime(2023, 5, 8, 13, 56, tzinfo=timezone.utc)
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module (scripts are not a package), for tests of its functions."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_session(namespace: str, index: int, n_turns: int = 4, speakers=("Alice", "Bob")) -> Session:

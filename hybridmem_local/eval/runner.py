@@ -295,7 +295,7 @@ class _Run:
                 if not pending:
                     if SYSTEMS[run.system].needs == "consolidated" and curated:
                         # Answered by an earlier invocation: its compression still belongs in this report.
-                        self._note_consolidation(run, memory, conversation)
+                        self._note_consolidation(run, conversation, memory.stats(conversation.namespace).counts)
                     continue
                 system_memory = self._memory_for(run, memory, conversation, curated, opened)
                 if system_memory is None:
@@ -389,7 +389,7 @@ class _Run:
                 f"{conversation.conversation_id}: consolidated (mcs {run.mcs}) {report.memories_before} → "
                 f"{report.memories_after} memories ({report.compression_pct:.1f}% compression) in {usage.wall_s:.0f}s"
             )
-        self._note_consolidation(run, memory, conversation)
+        self._note_consolidation(run, conversation, base)
         copy = HybridMemory.open(path, config, embedder=self.embedder)
         opened.append(copy)
         return copy
@@ -397,16 +397,16 @@ class _Run:
     def _consolidated_path(self, run: SystemRun, conversation: EvalConversation) -> Path:
         return self.options.stores_dir / f"{conversation.namespace}.consolidated-mcs{run.mcs}.db"
 
-    def _note_consolidation(self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation) -> None:
-        """Report the compression of the consolidated copy made from the curated store as it is now
-        (the counts kept beside the copy); nothing when there is no such copy."""
+    def _note_consolidation(self, run: SystemRun, conversation: EvalConversation, base: dict[str, int]) -> None:
+        """Report the compression of the consolidated copy made from the curated store whose counts
+        are ``base`` (the counts kept beside the copy); nothing when there is no such copy."""
         from hybridmem_local.results import ConsolidationReport
 
         marker = Path(str(self._consolidated_path(run, conversation)) + CONSOLIDATION_MARKER)
         if not marker.exists():
             return
         made = json.loads(marker.read_text(encoding="utf-8"))
-        if made["base"] != memory.stats(conversation.namespace).counts:
+        if made["base"] != base:
             return  # made from a store that has changed since: not what these answers read
         report = ConsolidationReport.model_validate(made["report"])
         entries = self.consolidation.setdefault(f"mcs{run.mcs}", [])

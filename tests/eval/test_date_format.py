@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from tests.factories import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "docs/results/locomo-study"
@@ -14,11 +15,7 @@ STUDY = REPO / "docs/results/locomo-study"
 
 @pytest.fixture(scope="module")
 def date_format():
-    spec = importlib.util.spec_from_file_location("measure_date_format", REPO / "scripts/measure_date_format.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("measure_date_format")
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.factories import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENT = REPO / "docs/benchmarks.md"
@@ -13,11 +14,7 @@ DOCUMENT = REPO / "docs/benchmarks.md"
 
 @pytest.fixture(scope="module")
 def study_tables():
-    spec = importlib.util.spec_from_file_location("study_tables", REPO / "scripts/study_tables.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("study_tables")
 
 
 def test_the_benchmarks_document_holds_the_study_s_tables(study_tables, capsys):
