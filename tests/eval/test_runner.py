@@ -13,6 +13,7 @@ import csv
 import importlib.util
 import io
 import json
+import shutil
 import sqlite3
 import sys
 from pathlib import Path
@@ -686,3 +687,74 @@ def test_a_phase_s_usage_is_on_disk_when_it_ends_so_a_killed_run_keeps_it(tmp_pa
         1,
     )
     assert row["config_hash"] == run.config_hash and row["wall_s"] == 60.0
+
+
+def test_a_phase_recorded_in_parts_counts_each_part_once():
+    from hybridmem_local.eval.accounting import PhaseUsage
+
+    usage = PhaseUsage(requests=4, cached=1, prompt_tokens=900, wall_s=30.0, units=2)
+    part = usage.take()
+    assert (part.requests, part.cached, part.prompt_tokens, part.wall_s, part.units) == (4, 1, 900, 30.0, 2)
+    assert usage == PhaseUsage()  # counting on from zero: the next part holds only what follows
+    usage.requests += 2
+    assert usage.take().requests == 2 and part.requests == 4
+
+
+@pytest.mark.slow
+def test_a_results_folder_with_checkpoints_resumes_on_a_machine_without_stores_or_cache(
+    e2e_config, locomo_path, tmp_path
+):
+    """Machine A curates, consolidates and answers with ``checkpoints``; machine B has only the
+    results folder (no stores, no LLM cache): it rebuilds the stores from the checkpoints and
+    answers from the same store without one curation or consolidation call. (SmolLM2's
+    curations carry no valid memory, so this checks the runner's path, the sessions and their
+    evidence windows; test_checkpoints rebuilds stores that hold memories of every status.)"""
+    from hybridmem_local.eval.runner import RunResult, run_evaluation
+
+    config = load_config(e2e_config)
+    out = tmp_path / "shard"
+    systems = ["fused", "hybrid+consolidation"]
+    first = run_evaluation(_options(locomo_path, out, systems=systems, limit=2, checkpoints=True, mcs=[2]), config)
+    assert first.usage["curation"].model_calls > 0
+    checkpoints = sorted(p.name for p in (out / "memories").iterdir())
+    assert checkpoints == ["conv-26.consolidated-mcs2.jsonl", "conv-26.jsonl"]
+    assert (
+        '"session_id": "conv-26:session_1", "curation_status": "curated"'
+        in (out / "memories" / "conv-26.jsonl").read_text()
+    )
+    [sample] = [c for c in json.loads(locomo_path.read_text()) if c["sample_id"] == "conv-26"]
+    turns = [t["text"] for t in sample["conversation"]["session_1"]]
+    assert not any(text in (out / "memories" / name).read_text() for name in checkpoints for text in turns)
+    before = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+
+    def new_machine(*records: str) -> RunResult:
+        for left_behind in ("stores", "llm_cache.sqlite", *records):
+            path = out / left_behind
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        return run_evaluation(_options(locomo_path, out, systems=systems, limit=2, checkpoints=True, mcs=[2]), config)
+
+    # Machine B has the results folder, not the stores or the LLM cache: nothing to ask, and the
+    # report still has what consolidation made (from the checkpoint, the copy being elsewhere).
+    resumed = new_machine()
+    assert resumed.model_calls == 0 and resumed.new_records == 0
+    assert resumed.summary["consolidation"] == first.summary["consolidation"]
+    # Machine C, without the predictions either: every question is answered again (no cache)
+    # from stores rebuilt from the checkpoints, which retrieve what machine A's stores did.
+    again = new_machine("predictions.jsonl")
+    assert again.usage["curation"].requests == 0 and again.usage["consolidation"].requests == 0
+    assert again.usage["answering"].model_calls == first.usage["answering"].model_calls > 0
+    assert again.summary["consolidation"] == first.summary["consolidation"]
+    after = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+
+    def retrieved(records: list[dict]) -> dict:
+        """What each question retrieved (memory ids may differ on the rebuilt store) and showed."""
+        return {
+            (r["system"], r["question_id"]): (
+                [(item["store"], item["turn_ids"], item["shown"]) for item in r["retrieved"]],
+                r["context_tokens"],
+            )
+            for r in records
+        }
+
+    assert retrieved(after) == retrieved(before)
+    assert any(item[0] == "windows" for items, _ in retrieved(after).values() for item in items)

@@ -4,6 +4,7 @@ error rates, paired differences, shards combined into one report, and the memori
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -304,8 +305,13 @@ def test_two_shards_make_one_study_with_both_golds_and_both_judge_error_rates(lo
             ],
         )  # fmt: skip
         assert result.exit_code == 0, result.output
+    # A third shard stopped half-way (committed to resume elsewhere): out of the tables, named.
+    unfinished = study / "shards" / "conv-41"
+    unfinished.mkdir()
+    shutil.copy(study / "shards" / "conv-30" / "predictions.jsonl", unfinished / "predictions.jsonl")
     result = CliRunner().invoke(app, ["eval", "report", str(study)])
     assert result.exit_code == 0, result.output
+    assert "left out, not finished (no summary.json): conv-41" in result.output
 
     summary = json.loads((study / "summary.json").read_text())
     shard_records = [
