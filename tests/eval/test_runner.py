@@ -714,8 +714,13 @@ def test_a_results_folder_with_checkpoints_resumes_on_a_machine_without_stores_o
     config = load_config(e2e_config)
     out = tmp_path / "shard"
     systems = ["fused", "hybrid+consolidation"]
-    first = run_evaluation(_options(locomo_path, out, systems=systems, limit=2, checkpoints=True, mcs=[2]), config)
+    options = _options(locomo_path, out, systems=systems, limit=2, checkpoints=True, mcs=[2], batch_size=1)
+    first = run_evaluation(options, config)
     assert first.usage["curation"].model_calls > 0
+    # The judge audit is saved batch by batch (here of one answer each), its rows and their cost.
+    audited = (out / "judge_audit.jsonl").read_text().splitlines()
+    costs = [json.loads(line) for line in (out / "usage.jsonl").read_text().splitlines()]
+    assert len(audited) > 1 and len([c for c in costs if c["phase"] == "judge_audit"]) == len(audited)
     checkpoints = sorted(p.name for p in (out / "memories").iterdir())
     assert checkpoints == ["conv-26.consolidated-mcs2.jsonl", "conv-26.jsonl"]
     assert (
@@ -731,7 +736,7 @@ def test_a_results_folder_with_checkpoints_resumes_on_a_machine_without_stores_o
         for left_behind in ("stores", "llm_cache.sqlite", *records):
             path = out / left_behind
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-        return run_evaluation(_options(locomo_path, out, systems=systems, limit=2, checkpoints=True, mcs=[2]), config)
+        return run_evaluation(options, config)
 
     # Machine B has the results folder, not the stores or the LLM cache: nothing to ask, and the
     # report still has what consolidation made (from the checkpoint, the copy being elsewhere).
