@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,13 +37,15 @@ log = logging.getLogger(__name__)
 MEMORIES = "memories"
 
 
+@dataclass(frozen=True)
 class Checkpoint:
-    """One store's checkpoint as read back: its header, session statuses and memory lines."""
+    """One store's checkpoint as read back."""
 
-    def __init__(self, header: dict[str, Any], statuses: dict[str, dict[str, Any]], memory_lines: list[str]):
-        self.header = header
-        self.statuses = statuses
-        self.memory_lines = memory_lines
+    header: dict[str, Any]
+    #: Session id → its ``session_status`` record (curation status and error).
+    statuses: dict[str, dict[str, Any]]
+    #: The memory records, as export lines (``HybridMemory.import_`` reads them).
+    memory_lines: list[str]
 
 
 def checkpoint_path(out: Path, store_path: Path) -> Path:
