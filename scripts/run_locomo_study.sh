@@ -6,6 +6,10 @@
 # scripts/measure_judge.py measured against mem0's). Its records land in docs/results/locomo-study/shards/<id>/
 # (commit them); its store and LLM cache stay under runs/ (not records). Any machine can take the
 # next shard; `hybridmem eval report docs/results/locomo-study` rebuilds the tables from all of them.
+# A shard outlasts its machine: its folder keeps the memories curated and consolidated so far
+# (memories/, no turns) and every answered question, so committing an unfinished shard's folder
+# lets the next machine resume it without the stores or the LLM cache (the report leaves it out
+# until it writes its summary.json).
 #
 #   scripts/run_locomo_study.sh conv-30                # one shard
 #   scripts/run_locomo_study.sh conv-30 conv-26 ...    # several, one after the other
@@ -29,7 +33,7 @@ for conversation in "$@"; do
     --set "llm.n_threads=${HYBRIDMEM_STUDY_THREADS:-1}" --set answering.evidence_turns=false \
     --conversations "$conversation" --sample 300 --sample-seed 0 --audited-gold "$audit" \
     --systems episodic-only,relational-only,hybrid,hybrid+consolidation,rag,fused --mcs 5,10 \
-    --context-budget 2048 --judge-prompt strict --judge-audit 1000 --judge-rewordings 1000 \
+    --context-budget 2048 --judge-prompt strict --judge-audit 1000 --judge-rewordings 1000 --checkpoints \
     --stores runs/locomo-study/stores --llm-cache runs/locomo-study/llm_cache.sqlite \
     --out "$study/shards/$conversation" > /dev/null
   echo "$conversation: shard done in $(( ($(date +%s) - started) / 60 )) min"

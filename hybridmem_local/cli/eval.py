@@ -42,6 +42,12 @@ RETRIEVAL_ONLY = typer.Option(False, "--retrieval-only", help="Retrieval metrics
 RETRY_FAILED = typer.Option(
     False, "--retry-failed", help="Curate again sessions whose curation failed in an earlier run."
 )
+CHECKPOINTS = typer.Option(
+    False,
+    "--checkpoints",
+    help="Write each store's memories (no turns) into OUT/memories/ as they are made, and rebuild a missing "
+    "store from them: the results folder alone resumes the run on another machine.",
+)
 K = typer.Option(None, "--k", help="Retrieval budgets to sweep for the memory systems, e.g. 2,5,10,20.")
 MCS = typer.Option(None, "--mcs", help="min_cluster_size values to sweep for hybrid+consolidation, e.g. 2,5,10,20.")
 BUDGET = typer.Option(
@@ -135,6 +141,7 @@ def locomo(
     max_sessions: int | None = MAX_SESSIONS,
     retrieval_only: bool = RETRIEVAL_ONLY,
     retry_failed: bool = RETRY_FAILED,
+    checkpoints: bool = CHECKPOINTS,
     k: str | None = K,
     mcs: str | None = MCS,
     include_adversarial: bool = typer.Option(
@@ -168,6 +175,7 @@ def locomo(
         max_sessions=max_sessions,
         retrieval_only=retrieval_only,
         retry_failed=retry_failed,
+        checkpoints=checkpoints,
         ks=_ints(k, "--k"),
         mcs=_ints(mcs, "--mcs"),
         include_adversarial=include_adversarial,
@@ -193,6 +201,7 @@ def longmemeval(
     max_sessions: int | None = MAX_SESSIONS,
     retrieval_only: bool = RETRIEVAL_ONLY,
     retry_failed: bool = RETRY_FAILED,
+    checkpoints: bool = CHECKPOINTS,
     k: str | None = K,
     mcs: str | None = MCS,
     context_budget: int = BUDGET,
@@ -218,6 +227,7 @@ def longmemeval(
         max_sessions=max_sessions,
         retrieval_only=retrieval_only,
         retry_failed=retry_failed,
+        checkpoints=checkpoints,
         ks=_ints(k, "--k"),
         mcs=_ints(mcs, "--mcs"),
         rag_budget=context_budget,
@@ -273,13 +283,16 @@ def report(
     (a folder with shards/), rebuild its summary from every shard's records first."""
     from hybridmem_local.eval.render import write_report
     from hybridmem_local.eval.report import MANIFEST, SUMMARY_JSON
-    from hybridmem_local.eval.shards import combine_shards, shard_folders
+    from hybridmem_local.eval.shards import combine_shards, shard_folders, unfinished_shards
 
     if shard_folders(out):
         with reported(DatasetError):
             study, study_manifest = combine_shards(out)
         written = write_report(out, study, study_manifest)
         console.print(f"{len(study['shards'])} shards; wrote " + ", ".join(p.name for p in written))
+        unfinished = [folder.name for folder in unfinished_shards(out)]
+        if unfinished:
+            console.print("left out, not finished (no summary.json): " + ", ".join(unfinished))
         return
     try:
         summary = json.loads((out / SUMMARY_JSON).read_text(encoding="utf-8"))

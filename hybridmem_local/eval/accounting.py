@@ -29,6 +29,14 @@ class PhaseUsage(LLMUsage):
             self.wall_s += other.wall_s
             self.units += other.units
 
+    def take(self) -> PhaseUsage:
+        """What was counted so far, this usage starting again from zero (the LLM metering into
+        it keeps counting into it): a phase recorded in parts."""
+        taken = self.model_copy()
+        for name, field in type(self).model_fields.items():
+            setattr(self, name, field.get_default(call_default_factory=True))
+        return taken
+
 
 class MeteredLLM:
     """A :class:`StructuredLLM` view of a shared backend that counts what passes through it.

@@ -45,6 +45,9 @@ class RunOptions(StrictModel):
     retrieval_only: bool = False
     #: Curate again the sessions whose curation failed in an earlier run (e.g. after a config fix).
     retry_failed: bool = False
+    #: Write each store's memories into ``out/memories/`` as they are made and rebuild a missing
+    #: store from them (``checkpoints.py``): the results folder alone resumes the run elsewhere.
+    checkpoints: bool = False
     #: Retrieval budgets to sweep for the memory systems (None: ``retrieval.k`` only).
     ks: list[int] | None = None
     #: min_cluster_size values to sweep for hybrid+consolidation (None: the config's).

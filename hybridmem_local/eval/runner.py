@@ -27,7 +27,10 @@ For each conversation (a LoCoMo sample, a LongMemEval instance):
 Resuming: a question already in ``predictions.jsonl`` under the same run key (config hash,
 system variant, prompt versions, options that change results) is skipped, and every LLM call
 goes through one on-disk cache (``llm_cache.sqlite``), so a killed run continues where it
-stopped and a finished run re-runs with no model call at all. Automatic consolidation
+stopped and a finished run re-runs with no model call at all. With ``checkpoints``, each store's
+memories are also written into ``OUT/memories/`` as they are made (``checkpoints.py``, no turns)
+and a missing store is rebuilt from them: a results folder carried to another machine resumes
+without its stores or LLM cache. Automatic consolidation
 (``consolidation.every_n_sessions``) is switched off in evaluation stores: the paper's hybrid
 system is evaluated unconsolidated and ``hybrid+consolidation`` consolidates once, after ingest.
 """
@@ -52,6 +55,14 @@ from hybridmem_local.curation.curator import TEMPLATE_ALLOWANCE_TOKENS
 from hybridmem_local.errors import ConfigError, DatasetError, InvalidInputError
 from hybridmem_local.eval.accounting import PHASES, MeteredLLM, PhaseUsage
 from hybridmem_local.eval.benchmarks import load_benchmark
+from hybridmem_local.eval.checkpoints import (
+    checkpoint_path,
+    read_checkpoint,
+    rebuild_store,
+    remove_store,
+    session_lines,
+    write_checkpoint,
+)
 from hybridmem_local.eval.judging import Judging
 from hybridmem_local.eval.llms import Models
 from hybridmem_local.eval.options import RunOptions, SystemRun, system_runs
@@ -78,6 +89,8 @@ from hybridmem_local.prompts import load_prompt, prompt_names
 from hybridmem_local.schema import StrictModel
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from hybridmem_local.embedding import Embedder
     from hybridmem_local.memory import HybridMemory
 
@@ -132,6 +145,10 @@ class _Run:
         self.config_hash = config_hash(config)
         self.runs = system_runs(options, config)
         self.keys = {run.label: self._run_key(run) for run in self.runs}
+        # What the stores' memories depend on: a checkpoint made under another key is not used.
+        self.checkpoint_key = hashlib.sha256(
+            json.dumps([self.config_hash, [load_prompt(name).version for name in prompt_names()]]).encode("utf-8")
+        ).hexdigest()[:16]
         self.started = datetime.now(timezone.utc)
         self.skipped: dict[str, list[str]] = {}
         self.consolidation: dict[str, list[dict]] = {}
@@ -267,13 +284,20 @@ class _Run:
         needs = {SYSTEMS[run.system].needs for run in self.runs}
         path = self.options.stores_dir / f"{conversation.namespace}.db"
         curation = PhaseUsage()
-        memory = HybridMemory.open(
-            path, self.config, embedder=self.embedder, llm=MeteredLLM(self.models.answer, curation)
-        )
+
+        def open_store(at: Path) -> HybridMemory:
+            return HybridMemory.open(
+                at, self.config, embedder=self.embedder, llm=MeteredLLM(self.models.answer, curation)
+            )
+
+        new_store = not path.exists()
+        memory = open_store(path)
         opened: list[HybridMemory] = [memory]
         written = 0
         try:
             memory.ingest(conversation.sessions, curate=False)
+            if new_store and self.options.checkpoints:
+                opened[0] = memory = self._restore(memory, path, conversation, open_store)
             selected = {s.session_id for s in conversation.sessions}
             extra = [
                 r.session.session_id
@@ -288,14 +312,16 @@ class _Run:
                     path,
                     len(extra),
                 )
-            curated = self._curate(memory, conversation, curation, wanted=bool(needs - {"raw"}))
+            curated = self._curate(memory, path, conversation, curation, wanted=bool(needs - {"raw"}))
+            if self.options.checkpoints and not self.options.retrieval_only:
+                self._checkpoint(memory, namespace=conversation.namespace, store=path)
             for run in self.runs:
                 key = self.keys[run.label]
                 pending = [q for q in conversation.questions if (key, q.question_id) not in done]
                 if not pending:
                     if SYSTEMS[run.system].needs == "consolidated" and curated:
                         # Answered by an earlier invocation: its compression still belongs in this report.
-                        self._note_consolidation(run, memory, conversation)
+                        self._note_consolidation(run, conversation, memory.stats(conversation.namespace).counts)
                     continue
                 system_memory = self._memory_for(run, memory, conversation, curated, opened)
                 if system_memory is None:
@@ -307,29 +333,39 @@ class _Run:
                 m.close()
         return written
 
-    def _curate(self, memory: HybridMemory, conversation: EvalConversation, usage: PhaseUsage, wanted: bool) -> bool:
-        """Curate pending sessions when a system needs memories; True when none is left pending."""
+    def _curate(
+        self, memory: HybridMemory, store: Path, conversation: EvalConversation, usage: PhaseUsage, wanted: bool
+    ) -> bool:
+        """Curate pending sessions when a system needs memories (checkpointing each batch, with
+        ``checkpoints``); True when none is left pending."""
         namespace = conversation.namespace
         retry = self.options.retry_failed and not self.options.retrieval_only
         statuses = ["pending"] + (["curation_failed"] if retry else [])
         pending = [r for status in statuses for r in memory.sessions(namespace, status)]
         if pending and wanted and not self.options.retrieval_only:
-            started = time.perf_counter()
             task = self.progress.add_task(f"curating {namespace}", total=len(pending))
+            total, last = PhaseUsage(), {"done": 0, "at": time.perf_counter()}
+
+            def batch_curated(done: int, count: int) -> None:
+                # Each batch's cost (and, with checkpoints, its memories) on disk as it ends: a
+                # run killed during a long curation keeps what the finished batches made and cost.
+                self.progress.update(task, completed=done, total=count)
+                now = time.perf_counter()
+                usage.wall_s, usage.units = now - last["at"], done - last["done"]
+                last.update(done=done, at=now)
+                batch = usage.take()
+                total.add(batch)
+                self._record_usage("curation", batch, conversation.conversation_id)
+                if self.options.checkpoints:
+                    self._checkpoint(memory, namespace=namespace, store=store)
+
             with self.progress:
-                memory.curate_pending(
-                    namespace,
-                    retry_failed=retry,
-                    on_progress=lambda done, total: self.progress.update(task, completed=done, total=total),
-                )
+                memory.curate_pending(namespace, retry_failed=retry, on_progress=batch_curated)
             self.progress.remove_task(task)
-            usage.wall_s = time.perf_counter() - started
-            usage.units = len(pending)
-            self._record_usage("curation", usage, conversation.conversation_id)
             pending = memory.sessions(namespace, "pending")
             self.console.print(
-                f"{conversation.conversation_id}: curated {usage.units} sessions with {usage.requests} LLM requests "
-                f"({usage.model_calls} to the model) in {usage.wall_s:.0f}s"
+                f"{conversation.conversation_id}: curated {total.units} sessions with {total.requests} LLM requests "
+                f"({total.model_calls} to the model) in {total.wall_s:.0f}s"
             )
         self.curation_failed[conversation.conversation_id] = len(memory.sessions(namespace, "curation_failed"))
         return not pending
@@ -377,36 +413,93 @@ class _Run:
                     run.label,
                 )
                 return None
-            copy_store(memory, path)
-            started = time.perf_counter()
-            with HybridMemory.open(path, config, embedder=self.embedder) as copy:
-                report = copy.consolidate(namespace, llm=MeteredLLM(self.models.answer, usage))
-            usage.wall_s = time.perf_counter() - started
-            usage.units = len(conversation.sessions)
-            self._record_usage("consolidation", usage, conversation.conversation_id, f"mcs{run.mcs}")
-            marker.write_text(json.dumps({"base": base, "report": report.model_dump(mode="json")}), encoding="utf-8")
-            self.console.print(
-                f"{conversation.conversation_id}: consolidated (mcs {run.mcs}) {report.memories_before} → "
-                f"{report.memories_after} memories ({report.compression_pct:.1f}% compression) in {usage.wall_s:.0f}s"
+            checkpoint = (
+                read_checkpoint(checkpoint_path(self.options.out, path), self.checkpoint_key)
+                if self.options.checkpoints
+                else None
             )
-        self._note_consolidation(run, memory, conversation)
+            if checkpoint is not None and checkpoint.header.get("base") == base:
+                rebuild_store(
+                    path,
+                    lambda at: HybridMemory.open(at, config, embedder=self.embedder),
+                    session_lines(memory, namespace),
+                    checkpoint,
+                )
+                made = {"base": base, "report": checkpoint.header["report"]}
+                self.console.print(
+                    f"{conversation.conversation_id}: consolidated copy (mcs {run.mcs}) rebuilt from its checkpoint"
+                )
+            else:
+                copy_store(memory, path)
+                started = time.perf_counter()
+                with HybridMemory.open(path, config, embedder=self.embedder) as copy:
+                    report = copy.consolidate(namespace, llm=MeteredLLM(self.models.answer, usage))
+                usage.wall_s = time.perf_counter() - started
+                usage.units = len(conversation.sessions)
+                self._record_usage("consolidation", usage, conversation.conversation_id, f"mcs{run.mcs}")
+                made = {"base": base, "report": report.model_dump(mode="json")}
+                self.console.print(
+                    f"{conversation.conversation_id}: consolidated (mcs {run.mcs}) {report.memories_before} → "
+                    f"{report.memories_after} memories ({report.compression_pct:.1f}% compression) in "
+                    f"{usage.wall_s:.0f}s"
+                )
+            marker.write_text(json.dumps(made), encoding="utf-8")
+        self._note_consolidation(run, conversation, base)
         copy = HybridMemory.open(path, config, embedder=self.embedder)
         opened.append(copy)
+        if self.options.checkpoints:
+            self._checkpoint(copy, namespace=namespace, store=path, **json.loads(marker.read_text(encoding="utf-8")))
         return copy
+
+    def _restore(
+        self,
+        memory: HybridMemory,
+        path: Path,
+        conversation: EvalConversation,
+        open_store: Callable[[Path], HybridMemory],
+    ) -> HybridMemory:
+        """The new store ``memory`` (its sessions just stored) rebuilt from the conversation's
+        checkpoint when the results folder has one; ``memory`` itself otherwise."""
+        checkpoint = read_checkpoint(checkpoint_path(self.options.out, path), self.checkpoint_key)
+        if checkpoint is None:
+            return memory
+        sessions = session_lines(memory, conversation.namespace)
+        memory.close()
+        counts = rebuild_store(path, open_store, sessions, checkpoint)
+        rebuilt = open_store(path)
+        pending = len(rebuilt.sessions(conversation.namespace, "pending"))
+        self.console.print(
+            f"{conversation.conversation_id}: store rebuilt from its checkpoint: {counts['memories']} memories, "
+            f"{counts['sessions'] - pending} of {counts['sessions']} sessions curated"
+        )
+        return rebuilt
+
+    def _checkpoint(self, memory: HybridMemory, namespace: str, store: Path, **header: Any) -> None:
+        write_checkpoint(memory, namespace, checkpoint_path(self.options.out, store), self.checkpoint_key, **header)
 
     def _consolidated_path(self, run: SystemRun, conversation: EvalConversation) -> Path:
         return self.options.stores_dir / f"{conversation.namespace}.consolidated-mcs{run.mcs}.db"
 
-    def _note_consolidation(self, run: SystemRun, memory: HybridMemory, conversation: EvalConversation) -> None:
-        """Report the compression of the consolidated copy made from the curated store as it is now
-        (the counts kept beside the copy); nothing when there is no such copy."""
+    def _note_consolidation(self, run: SystemRun, conversation: EvalConversation, base: dict[str, int]) -> None:
+        """Report the compression of the consolidated copy made from the curated store whose counts
+        are ``base`` (the counts kept beside the copy, or in its checkpoint when the copy is not on
+        this machine); nothing when there is no such copy."""
         from hybridmem_local.results import ConsolidationReport
 
-        marker = Path(str(self._consolidated_path(run, conversation)) + CONSOLIDATION_MARKER)
-        if not marker.exists():
+        path = self._consolidated_path(run, conversation)
+        marker = Path(str(path) + CONSOLIDATION_MARKER)
+        checkpoint = (
+            read_checkpoint(checkpoint_path(self.options.out, path), self.checkpoint_key)
+            if self.options.checkpoints and not marker.exists()
+            else None
+        )
+        if marker.exists():
+            made = json.loads(marker.read_text(encoding="utf-8"))
+        elif checkpoint is not None:
+            made = checkpoint.header
+        else:
             return
-        made = json.loads(marker.read_text(encoding="utf-8"))
-        if made["base"] != memory.stats(conversation.namespace).counts:
+        if made["base"] != base:
             return  # made from a store that has changed since: not what these answers read
         report = ConsolidationReport.model_validate(made["report"])
         entries = self.consolidation.setdefault(f"mcs{run.mcs}", [])
@@ -594,11 +687,5 @@ class _Run:
 def copy_store(memory: HybridMemory, path: Path) -> None:
     """A consistent copy of ``memory``'s SQLite file at ``path`` (owner-only), replacing any
     earlier copy and its indexes (which rebuild from the copy, vectors from its embedding cache)."""
-    import shutil
-
-    from hybridmem_local.storage.paths import indexes_path, llm_cache_path
-
-    for stale in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm"), llm_cache_path(path)):
-        stale.unlink(missing_ok=True)
-    shutil.rmtree(indexes_path(path), ignore_errors=True)
+    remove_store(path)
     memory.backup(path)

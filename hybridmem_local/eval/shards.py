@@ -3,6 +3,7 @@ on whichever machine ran it; the study's tables rebuilt from the shards' committ
 
     STUDY/shards/conv-26/   predictions.jsonl usage.jsonl judge_audit.jsonl summary.json manifest.json
     STUDY/shards/conv-30/   ...
+    STUDY/shards/conv-44/   predictions.jsonl usage.jsonl memories/   (unfinished: no summary.json yet)
     STUDY/judge_audit.jsonl          the judge's error rates per prompt (scripts/measure_judge.py)
     STUDY/memory_precision.jsonl     sampled memories, labelled (hybridmem eval memory-sample)
     hybridmem eval report STUDY        # STUDY/summary.json, .md, .csv from every shard's records
@@ -74,6 +75,17 @@ class Shard:
 
 
 def shard_folders(study: Path) -> list[Path]:
+    """The finished shards: folders whose run wrote its summary."""
+    return [folder for folder in _folders(study) if (folder / SUMMARY_JSON).exists()]
+
+
+def unfinished_shards(study: Path) -> list[Path]:
+    """Shards still running, or stopped and committed to resume elsewhere (``--checkpoints``):
+    records but no summary yet, so none of their records is in the study's tables."""
+    return [folder for folder in _folders(study) if not (folder / SUMMARY_JSON).exists()]
+
+
+def _folders(study: Path) -> list[Path]:
     return sorted(p for p in (study / SHARDS).iterdir() if p.is_dir()) if (study / SHARDS).is_dir() else []
 
 
