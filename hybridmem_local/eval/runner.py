@@ -344,15 +344,16 @@ class _Run:
         pending = [r for status in statuses for r in memory.sessions(namespace, status)]
         if pending and wanted and not self.options.retrieval_only:
             task = self.progress.add_task(f"curating {namespace}", total=len(pending))
-            total, last = PhaseUsage(), {"done": 0, "at": time.perf_counter()}
+            total, done_before, since = PhaseUsage(), 0, time.perf_counter()
 
             def batch_curated(done: int, count: int) -> None:
                 # Each batch's cost (and, with checkpoints, its memories) on disk as it ends: a
                 # run killed during a long curation keeps what the finished batches made and cost.
+                nonlocal done_before, since
                 self.progress.update(task, completed=done, total=count)
                 now = time.perf_counter()
-                usage.wall_s, usage.units = now - last["at"], done - last["done"]
-                last.update(done=done, at=now)
+                usage.wall_s, usage.units = now - since, done - done_before
+                done_before, since = done, now
                 batch = usage.take()
                 total.add(batch)
                 self._record_usage("curation", batch, conversation.conversation_id)
