@@ -145,18 +145,21 @@ class Judging:
             if r.get("audit_key") == key
         }
         todo = [g for g in graded if (g[0], g[1], g[5]) not in known]
-        usage = PhaseUsage()
-        if todo:
+        # In batches, each on disk (rows and cost) as it ends, as the questions' are: a run
+        # stopped during the audit resumes it where it stopped.
+        for start in range(0, len(todo), self.options.batch_size):
+            batch = todo[start : start + self.options.batch_size]
+            usage = PhaseUsage()
             judge = MeteredLLM(self.models.judge, usage)
             started = time.perf_counter()
             requests = [
                 build_judge_request(
                     question, gold, answer, self.options.benchmark, category, locomo_judge=self.options.judge_prompt
                 ).model_copy(update={"tag": "judge-audit"})
-                for _, _, question, gold, category, answer, _ in todo
+                for _, _, question, gold, category, answer, _ in batch
             ]
             rows = []
-            for (kind, _, _, _, _, _, fields), result in zip(todo, judge.generate(requests), strict=True):
+            for (kind, _, _, _, _, _, fields), result in zip(batch, judge.generate(requests), strict=True):
                 verdict = verdict_of(result)
                 rows.append(
                     {
@@ -170,7 +173,7 @@ class Judging:
                 )
             append_jsonl(path, rows)
             known.update({(r["kind"], r["question_id"], r.get("reworded", r.get("planted"))): r for r in rows})
-            usage.wall_s, usage.units = time.perf_counter() - started, len(todo)
+            usage.wall_s, usage.units = time.perf_counter() - started, len(batch)
             self.record_usage("judge_audit", usage, conversations[0].conversation_id)
         audit = {
             "audit_key": key,
