@@ -489,14 +489,11 @@ class _Run:
 
         path = self._consolidated_path(run, conversation)
         marker = Path(str(path) + CONSOLIDATION_MARKER)
-        checkpoint = (
-            read_checkpoint(checkpoint_path(self.options.out, path), self.checkpoint_key)
-            if self.options.checkpoints and not marker.exists()
-            else None
-        )
         if marker.exists():
             made = json.loads(marker.read_text(encoding="utf-8"))
-        elif checkpoint is not None:
+        elif self.options.checkpoints and (
+            checkpoint := read_checkpoint(checkpoint_path(self.options.out, path), self.checkpoint_key)
+        ):
             made = checkpoint.header
         else:
             return
