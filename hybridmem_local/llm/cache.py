@@ -73,7 +73,7 @@ class CachedLLM:
         # `hybridmem serve` calls it from its worker and ask threads, one call at a time
         # (service.state.SerializedLLM): the connection must not be tied to the creating thread.
         self._db = encryption.connect(self.path, keys, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        encryption.use_wal(self._db)
         # forget() promises the text is gone, not just unlinked from the table.
         self._db.execute("PRAGMA secure_delete=ON")
         self._db.executescript(_SCHEMA)

@@ -104,9 +104,9 @@ class SqliteBackend:
             check_same_thread=False,
         )
         raw.row_factory = None  # SQLAlchemy builds its own rows
+        raw.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        encryption.use_wal(raw)
         for pragma in (
-            f"busy_timeout = {int(self.busy_timeout_ms)}",
-            "journal_mode = WAL",
             "foreign_keys = ON",
             "synchronous = NORMAL",
             # Deleted rows are zeroed, not just unlinked: SQLite's own default (and sqlcipher3's)

@@ -260,6 +260,28 @@ def connect(path: str | Path, keys: StoreKeys | None, *, timeout: float = 5.0, *
     return conn
 
 
+def use_wal(conn: Any) -> None:
+    """Put a file opened by :func:`connect` in WAL mode (kept in the file: it writes once per file).
+
+    Switching takes a read lock and then the write lock. Connections opening a new file at the
+    same moment (replicas or workers starting together) each hold the read lock and want the write
+    lock: SQLite breaks that deadlock by failing all but one at once with "database is locked",
+    without calling the busy handler (sqlite.org/c3ref/busy_handler.html). A connection refused so
+    waits, within its busy timeout, for the write lock the switching one holds, then switches a
+    file already in WAL, which takes no lock.
+    """
+    if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+        return
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+    except OperationalError as exc:
+        if getattr(exc, "sqlite_errorname", None) != "SQLITE_BUSY":
+            raise
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        conn.execute("PRAGMA journal_mode = WAL")
+
+
 def _unreadable(name: str, file: Path | None, keys: StoreKeys | None, exc: Exception) -> Exception:
     """Why SQLite could not read ``file``: encrypted without a key, plaintext with one, a wrong
     key, or a damaged file."""

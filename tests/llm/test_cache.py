@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -136,6 +137,36 @@ def test_cache_file_is_private_and_in_wal_mode(tiny_llm, tmp_path):
         pass
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_cache_opened_while_another_connection_holds_the_write_lock_waits(tiny_llm, tmp_path):
+    """Workers opening one new cache file together: the one whose switch to WAL SQLite refuses at
+    once (a read lock to upgrade while another connection holds the write lock) waits for the lock
+    instead of failing, then finds or puts the file in WAL mode."""
+    path = tmp_path / "cache.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    opened: list[CachedLLM] = []
+    errors: list[BaseException] = []
+
+    def open_cache() -> None:
+        try:
+            opened.append(cached(tiny_llm, path))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+            errors.append(exc)
+
+    thread = threading.Thread(target=open_cache)
+    thread.start()
+    thread.join(1.0)
+    try:
+        assert errors == [] and thread.is_alive()  # waiting for the holder's write lock
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        thread.join(30)
+    assert errors == [] and len(opened) == 1
+    with opened[0], sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
