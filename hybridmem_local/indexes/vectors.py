@@ -185,7 +185,9 @@ class VectorIndex:
             needed = self._index.get_current_count() + int(fresh.sum())
             if needed > self._index.get_max_elements():
                 self._index.resize_index(max(needed, 2 * self._index.get_max_elements()))
-            self._index.add_items(np.asarray(vectors, dtype=np.float32)[fresh], ids[fresh])
+            self._index.add_items(
+                np.asarray(vectors, dtype=np.float32)[fresh], ids[fresh], num_threads=self.config.build_threads
+            )
             self._known.update(int(x) for x in ids[fresh])
         self._live.update(int(x) for x in ids)
         self._dirty = True
@@ -205,16 +207,29 @@ class VectorIndex:
         return len(self._live)
 
     def search(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
-        """Top-k (memory id, cosine similarity) for one query vector."""
-        if self._index is None or not self._live or k <= 0:
+        """Top-k (memory id, cosine similarity) for one query vector. Of memories tied at the k-th
+        score (the same text stored twice), the smallest ids come back: hnswlib leaves ties in
+        the order its heap happens to hold them, which differs between an index caught up batch
+        by batch and one rebuilt, so it is asked for one more hit, and more while they tie."""
+        index = self._index
+        if index is None or not self._live or k <= 0:
             return []
-        k = min(k, len(self._live))
+        live = len(self._live)
+        k = min(k, live)
         query = np.asarray(vector, dtype=np.float32).reshape(1, -1)
-        self._index.set_ef(max(self.config.ef_search, k))
+        fetch = min(k + 1, live)
+        hits = self._query(index, query, fetch)
+        while fetch < live and hits[-1][1] == hits[k - 1][1]:
+            fetch = min(2 * fetch, live)
+            hits = self._query(index, query, fetch)
+        return sorted(hits, key=lambda hit: (-hit[1], hit[0]))[:k]
+
+    def _query(self, index: hnswlib.Index, query: np.ndarray, k: int) -> list[tuple[int, float]]:
+        index.set_ef(max(self.config.ef_search, k))
         try:
-            labels, distances = self._index.knn_query(query, k=k)
+            labels, distances = index.knn_query(query, k=k)
         except RuntimeError:
             # Many deleted labels can starve the beam search; widen it to the whole graph.
-            self._index.set_ef(len(self._known))
-            labels, distances = self._index.knn_query(query, k=k)
+            index.set_ef(len(self._known))
+            labels, distances = index.knn_query(query, k=k)
         return [(int(label), 1.0 - float(d)) for label, d in zip(labels[0], distances[0], strict=True)]
