@@ -275,7 +275,8 @@ def use_wal(conn: Any) -> None:
     try:
         conn.execute("PRAGMA journal_mode = WAL")
     except OperationalError as exc:
-        if getattr(exc, "sqlite_errorname", None) != "SQLITE_BUSY":
+        # sqlite_errorname exists from Python 3.11; SQLITE_BUSY's message is the same in every version.
+        if getattr(exc, "sqlite_errorname", "SQLITE_BUSY") != "SQLITE_BUSY" or str(exc) != "database is locked":
             raise
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("ROLLBACK")
