@@ -9,7 +9,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from hybridmem_local.llm import CachedLLM, ChatMessage, LLMRequest, LLMResult, build_llm, sampling_settings
+from tests.sqlite_locks import open_while_write_locked
 from tests.tiny_model import build_tiny_model, tiny_llm_config, tiny_transformers_llm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,28 +145,7 @@ def test_cache_opened_while_another_connection_holds_the_write_lock_waits(tiny_l
     once (a read lock to upgrade while another connection holds the write lock) waits for the lock
     instead of failing, then finds or puts the file in WAL mode."""
     path = tmp_path / "cache.sqlite"
-    holder = sqlite3.connect(path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    opened: list[CachedLLM] = []
-    errors: list[BaseException] = []
-
-    def open_cache() -> None:
-        try:
-            opened.append(cached(tiny_llm, path))
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
-            errors.append(exc)
-
-    thread = threading.Thread(target=open_cache)
-    thread.start()
-    thread.join(1.0)
-    try:
-        assert errors == [] and thread.is_alive()  # waiting for the holder's write lock
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-        thread.join(30)
-    assert errors == [] and len(opened) == 1
-    with opened[0], sqlite3.connect(path) as db:
+    with open_while_write_locked(path, lambda: cached(tiny_llm, path)), sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 

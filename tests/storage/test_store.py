@@ -27,6 +27,7 @@ from hybridmem_local.storage import sessions as sessions_module
 from hybridmem_local.storage.migrations import MIGRATIONS, SCHEMA_VERSION
 from hybridmem_local.storage.store import MemoryStore
 from tests.factories import make_episode, make_session, make_tuple
+from tests.sqlite_locks import open_while_write_locked
 from tests.storage.conftest import StoreLocation
 
 
@@ -63,31 +64,10 @@ def test_sqlite_store_opened_while_another_connection_holds_the_write_lock_waits
     its write lock (as one switching a new file to WAL does) waits for the lock instead of failing.
     Switching to WAL takes a read lock and then the write lock, an upgrade SQLite refuses at once,
     busy timeout or not; four stores opening one new file together hit it now and then."""
-    path = tmp_path / "m.db"
-    holder = sqlite3.connect(path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    opened: list[MemoryStore] = []
-    errors: list[BaseException] = []
-
-    def open_store() -> None:
-        try:
-            opened.append(MemoryStore(path))
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
-            errors.append(exc)
-
-    thread = threading.Thread(target=open_store)
-    thread.start()
-    thread.join(1.0)
-    try:
-        assert errors == [] and thread.is_alive()  # waiting for the holder's write lock
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-        thread.join(30)
-    assert errors == [] and len(opened) == 1
-    assert opened[0].scalar("PRAGMA journal_mode") == "wal"
-    assert opened[0].scalar("PRAGMA user_version") == SCHEMA_VERSION
-    opened[0].close()
+    store = open_while_write_locked(tmp_path / "m.db", lambda: MemoryStore(tmp_path / "m.db"))
+    assert store.scalar("PRAGMA journal_mode") == "wal"
+    assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION
+    store.close()
 
 
 @pytest.mark.postgres
