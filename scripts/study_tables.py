@@ -2,14 +2,17 @@
 
     PYTHONPATH=$PWD .venv/bin/python scripts/study_tables.py                 # print them
     PYTHONPATH=$PWD .venv/bin/python scripts/study_tables.py --check docs/benchmarks.md
+    PYTHONPATH=$PWD .venv/bin/python scripts/study_tables.py --write docs/benchmarks.md
 
 Reads what ``hybridmem eval report docs/results/locomo-study`` wrote (``summary.json``) and what
-``scripts/measure_date_format.py --out`` wrote (``date_format.json``), and prints three Markdown
-tables: the systems' scores with their 95% intervals, tokens and seconds per answer; the paired
-differences the paper claims; temporal and overall F1 as answered and with the answers' ISO dates
-in words. After a shard lands, rerun the report and the date-format script, then paste these in
-place of §15's tables; ``--check`` exits 1, naming the table, when the document does not hold one
-of them verbatim (a test runs it, so the document cannot drift from the records).
+``scripts/measure_date_format.py --out`` wrote (``date_format.json``), and prints four Markdown
+tables: the paper's claims beside what the study measured (the document's opening table); the
+systems' scores with their 95% intervals, tokens and seconds per answer; the paired differences
+the paper claims; temporal and overall F1 as answered and with the answers' ISO dates in words.
+After a shard lands, rerun the report and the date-format script, then ``--write`` the document:
+each table replaces the one whose first two column titles are its own. ``--check`` exits 1,
+naming the table, when the document does not hold one of them verbatim (a test runs it, so the
+document cannot drift from the records).
 """
 
 from __future__ import annotations
@@ -39,6 +42,56 @@ PAIRED_COLUMNS = (
     ("f1_official", "F1 (LoCoMo)"),
     ("evidence_recall", "evidence recall"),
 )
+
+
+#: The paper's claims the study tests: (claim, the paper's figures, what is claimed of the paired
+#: judge difference, system, baseline). "gain": the system beats the baseline; "within 1 point":
+#: the system loses at most a point against it.
+CLAIMS = (
+    (
+        "the hybrid beats episodes alone",
+        "over the stronger single store: single-hop +3.6, multi-hop +2.5, open-domain +1.0, temporal +3.4",
+        "gain",
+        "hybrid",
+        "episodic-only",
+    ),
+    (
+        "the hybrid beats tuples alone",
+        "as above",
+        "gain",
+        "hybrid",
+        "relational-only",
+    ),
+    (
+        "consolidation costs about 1 point",
+        "mcs 5–20 within 1 point (89.2–89.8 against 90.2); mcs 5–10 compress 16–22%",
+        "within 1 point",
+        "hybrid+consolidation",
+        "hybrid",
+    ),
+    (
+        "as above, at mcs 5",
+        "as above",
+        "within 1 point",
+        "hybrid+consolidation@mcs5",
+        "hybrid",
+    ),
+    (
+        "memories do about as well as the raw conversation",
+        "90.2 against full context's 91.3 with 87% fewer tokens",
+        "within 1 point",
+        "hybrid",
+        "rag",
+    ),
+)
+
+
+def _verdict(claim: str, interval: list[float]) -> str:
+    """What the paired interval says of the claim: it holds, it does not, or the sample cannot tell."""
+    low, high = interval
+    if claim == "gain":
+        return "holds" if low > 0 else "does not hold" if high < 0 else "not decided"
+    return "holds" if low >= -0.01 else "does not hold" if high < -0.01 else "not decided"
 
 
 def _row(cells: list[str]) -> str:
@@ -77,6 +130,33 @@ def _decided(value: float, interval: list[float]) -> str:
     """A difference, bold when its interval leaves out 0."""
     text = _difference(value, interval)
     return f"**{text}**" if interval[0] > 0 or interval[1] < 0 else text
+
+
+def claims_table(summary: dict[str, Any]) -> str:
+    """The paper's claims beside the study's paired judge differences and what those decide."""
+    found = {(d["system"], d["baseline"]): d for d in summary["differences"] if d["metric"] == "judge_accuracy"}
+    overall = {label: entry["overall"] for label, entry in summary["systems"].items()}
+    compression = {c["mcs"]: c["compression_pct"] for c in summary.get("consolidation", {}).values()}
+    rows = []
+    for claim, paper, claimed, system, baseline in CLAIMS:
+        d = found[(system, baseline)]
+        measured = f"{system} − {baseline} {_difference(d['difference'], d['ci95'])}"
+        mcs = summary["systems"][system].get("mcs")
+        if mcs in compression:
+            measured += f"; {compression[mcs]:.1f}% compression at mcs {mcs}"
+        if baseline == "rag":
+            tokens = overall[system]["context_tokens_mean"], overall[baseline]["context_tokens_mean"]
+            measured += f"; {tokens[0]:,.0f} context tokens against rag's {tokens[1]:,.0f} of raw turns"
+        rows.append([claim, paper, measured, _verdict(claimed, d["ci95"])])
+    counts = summary["counts"]
+    header = [
+        "the paper's claim",
+        "the paper (gpt-4.1-mini, judge)",
+        f"measured here (1.5B, strict judge, {counts['questions']} questions of {counts['conversations']} "
+        "conversations; paired 95% interval, points)",
+        "verdict here",
+    ]
+    return _table(header, rows)
 
 
 def scores_table(summary: dict[str, Any]) -> str:
@@ -140,18 +220,40 @@ def tables(study: Path) -> dict[str, str]:
     summary = json.loads((study / "summary.json").read_text(encoding="utf-8"))
     date_format = json.loads((study / "date_format.json").read_text(encoding="utf-8"))
     return {
+        "claims": claims_table(summary),
         "scores": scores_table(summary),
         "paired differences": paired_table(summary),
         "dates in words": date_format_table(summary, date_format),
     }
 
 
+def write(document: Path, drawn: dict[str, str]) -> None:
+    """Replace each of the document's tables with the drawn one whose first two column titles it
+    shares (a later title may hold counts that change as shards land)."""
+    lines = document.read_text(encoding="utf-8").split("\n")
+    for name, table in drawn.items():
+        titles = " | ".join(table.split(" | ")[:2]) + " | "
+        starts = [i for i, line in enumerate(lines) if line.startswith(titles)]
+        if len(starts) != 1:
+            raise SystemExit(f"{document}: {len(starts)} tables start with {titles!r} (the {name} table); expected 1")
+        end = starts[0]
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        lines[starts[0] : end] = table.split("\n")
+    document.write_text("\n".join(lines), encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--study", type=Path, default=STUDY, help="the study folder (default: %(default)s)")
-    parser.add_argument("--check", type=Path, help="a document that must hold every table verbatim")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--check", type=Path, help="a document that must hold every table verbatim")
+    action.add_argument("--write", type=Path, help="a document whose tables are replaced by the drawn ones")
     args = parser.parse_args(argv)
     drawn = tables(args.study)
+    if args.write is not None:
+        write(args.write, drawn)
+        return 0
     if args.check is None:
         print("\n\n".join(drawn.values()))
         return 0
