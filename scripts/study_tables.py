@@ -5,10 +5,11 @@
     PYTHONPATH=$PWD .venv/bin/python scripts/study_tables.py --write docs/benchmarks.md
 
 Reads what ``hybridmem eval report docs/results/locomo-study`` wrote (``summary.json``) and what
-``scripts/measure_date_format.py --out`` wrote (``date_format.json``), and prints four Markdown
+``scripts/measure_date_format.py --out`` wrote (``date_format.json``), and prints five Markdown
 tables: the paper's claims beside what the study measured (the document's opening table); the
 systems' scores with their 95% intervals, tokens and seconds per answer; the paired differences
-the paper claims; temporal and overall F1 as answered and with the answers' ISO dates in words.
+the paper claims, overall and the judge's per category; temporal and overall F1 as answered and
+with the answers' ISO dates in words.
 After a shard lands, rerun the report and the date-format script, then ``--write`` the document:
 each table replaces the one whose first two column titles are its own. ``--check`` exits 1,
 naming the table, when the document does not hold one of them verbatim (a test runs it, so the
@@ -86,6 +87,10 @@ CLAIMS = (
 )
 
 
+#: The categories where the paper finds the hybrid's gains largest, shown in every claim's row.
+CLAIMED_CATEGORIES = ("multi-hop", "temporal")
+
+
 def _verdict(claim: str, interval: list[float]) -> str:
     """What the paired interval says of the claim: it holds, it does not, or the sample cannot tell."""
     low, high = interval
@@ -141,6 +146,11 @@ def claims_table(summary: dict[str, Any]) -> str:
     for claim, paper, claimed, system, baseline in CLAIMS:
         d = found[(system, baseline)]
         measured = f"{system} − {baseline} {_difference(d['difference'], d['ci95'])}"
+        measured += "".join(
+            f"; {category} {_difference(c['difference'], c['ci95'])}"
+            for category in CLAIMED_CATEGORIES
+            if (c := d.get("by_category", {}).get(category)) and c["ci95"] is not None
+        )
         mcs = summary["systems"][system].get("mcs")
         if mcs in compression:
             measured += f"; {compression[mcs]:.1f}% compression at mcs {mcs}"
@@ -188,6 +198,22 @@ def paired_table(summary: dict[str, Any]) -> str:
     return _table(["system − baseline", *(title for _, title in PAIRED_COLUMNS)], rows)
 
 
+def category_table(summary: dict[str, Any]) -> str:
+    """The paired judge differences per LoCoMo category, bold where decided, with the questions."""
+    judged = [d for d in summary["differences"] if d["metric"] == "judge_accuracy"]
+    categories = list(dict.fromkeys(c for d in judged for c in d.get("by_category", {})))
+    rows = []
+    for d in judged:
+        cells = []
+        for category in categories:
+            c = d.get("by_category", {}).get(category)
+            cells.append(
+                "–" if c is None or c["ci95"] is None else f"{_decided(c['difference'], c['ci95'])} [{c['n']}]"
+            )
+        rows.append([f"{d['system']} − {d['baseline']}", *cells])
+    return _table(["system − baseline (judge)", *categories], rows)
+
+
 def date_format_table(summary: dict[str, Any], date_format: dict[str, Any]) -> str:
     def figure(block: dict[str, Any]) -> str:
         return _rate(block["mean"], block["ci95"])
@@ -223,6 +249,7 @@ def tables(study: Path) -> dict[str, str]:
         "claims": claims_table(summary),
         "scores": scores_table(summary),
         "paired differences": paired_table(summary),
+        "paired judge differences by category": category_table(summary),
         "dates in words": date_format_table(summary, date_format),
     }
 

@@ -118,6 +118,13 @@ _TITLES = {
 }
 
 
+def _change(difference: dict[str, Any]) -> str:
+    """A paired difference in points with its interval, e.g. ``+2.4 (-2.4 to +6.8)``."""
+    interval = difference["ci95"]
+    text = f"{100 * difference['difference']:+.1f}"
+    return text if interval is None else f"{text} ({100 * interval[0]:+.1f} to {100 * interval[1]:+.1f})"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -188,16 +195,35 @@ def render_markdown(summary: dict[str, Any], manifest: dict[str, Any] | None = N
         lines += _table(
             ["system − baseline", "metric", "questions", "difference (points)"],
             [
-                [
-                    f"{d['system']} − {d['baseline']}",
-                    _TITLES.get(d["metric"], d["metric"]),
-                    str(d["n"]),
-                    f"{100 * d['difference']:+.1f}"
-                    + ("" if d["ci95"] is None else f" ({100 * d['ci95'][0]:+.1f} to {100 * d['ci95'][1]:+.1f})"),
-                ]
+                [f"{d['system']} − {d['baseline']}", _TITLES.get(d["metric"], d["metric"]), str(d["n"]), _change(d)]
                 for d in summary["differences"]
             ],
         )
+        by_category = [d for d in summary["differences"] if d["metric"] == "judge_accuracy" and d.get("by_category")]
+        if by_category:
+            categories = ordered_categories(c for d in by_category for c in d["by_category"])
+            lines += [
+                "## Paired judge differences by category",
+                "",
+                "The paper reports the hybrid's gains per category; in parentheses the paired bootstrap 95% "
+                "interval, in brackets the questions.",
+                "",
+            ]
+            lines += _table(
+                ["system − baseline", *categories],
+                [
+                    [
+                        f"{d['system']} − {d['baseline']}",
+                        *(
+                            f"{_change(d['by_category'][c])} [{d['by_category'][c]['n']}]"
+                            if c in d["by_category"]
+                            else "–"
+                            for c in categories
+                        ),
+                    ]
+                    for d in by_category
+                ],
+            )
     if summary["consolidation"]:
         lines += ["## Consolidation", ""]
         lines += _table(

@@ -157,7 +157,8 @@ def build_summary(
 
 
 def paired_differences(records: list[dict], runs: list[dict]) -> list[dict[str, Any]]:
-    """:data:`PAIRED_COMPARISONS` between the run's variants, over the questions both answered."""
+    """:data:`PAIRED_COMPARISONS` between the run's variants, over the questions both answered,
+    overall and per category (the paper claims its gains per category)."""
     by_question: dict[str, dict[str, dict]] = {}
     for record in records:
         by_question.setdefault(record["system"], {})[record["question_id"]] = record
@@ -169,21 +170,32 @@ def paired_differences(records: list[dict], runs: list[dict]) -> list[dict[str, 
                 continue
             mine, theirs = by_question[run["label"]], by_question[base["label"]]
             shared = sorted(set(mine) & set(theirs))
+            in_category = {
+                c: [q for q in shared if mine[q]["category"] == c]
+                for c in ordered_categories(mine[q]["category"] for q in shared)
+            }
             for metric in PAIRED_METRICS:
                 source = _SOURCES.get(metric, metric)
-                difference = paired_difference(
-                    [mine[q]["metrics"].get(source) for q in shared], [theirs[q]["metrics"].get(source) for q in shared]
-                )
-                if difference.n:
+                overall = _paired(mine, theirs, shared, source)
+                if overall["n"]:
+                    by_category = {c: _paired(mine, theirs, questions, source) for c, questions in in_category.items()}
                     out.append(
                         {
                             "system": run["label"],
                             "baseline": base["label"],
                             "metric": metric,
-                            **difference.model_dump(mode="json"),
+                            **overall,
+                            "by_category": {c: d for c, d in by_category.items() if d["n"]},
                         }
                     )
     return out
+
+
+def _paired(mine: dict[str, dict], theirs: dict[str, dict], questions: list[str], metric: str) -> dict[str, Any]:
+    """The paired difference of ``metric`` between two systems' records over ``questions``."""
+    return paired_difference(
+        [mine[q]["metrics"].get(metric) for q in questions], [theirs[q]["metrics"].get(metric) for q in questions]
+    ).model_dump(mode="json")
 
 
 def consolidation_totals(entries: list[dict]) -> dict[str, Any]:

@@ -301,6 +301,13 @@ def test_summary_aggregates_per_system_and_category_and_draws_sweeps(tmp_path):
     low, high = (100 * v for v in hybrid["overall"]["ci95"]["judge_accuracy"])
     assert f"| hybrid | 66.7 ({low:.1f}–{high:.1f}) |" in markdown
     assert "judge false-accept rate: 25.0% (0.0–50.0) of 8 planted wrong answers" in markdown
+    # Paired per category on the questions both judged: single-hop q0 (both right) and q2 (only the
+    # consolidated one), temporal q1 (both right; q3's hybrid verdict failed).
+    assert "| system − baseline | single-hop | temporal |" in markdown
+    row = next(line for line in markdown.splitlines() if line.startswith("| hybrid+consolidation@mcs5 − hybrid | +"))
+    single_hop, temporal = row.strip("| ").split(" | ")[1:]
+    assert single_hop.startswith("+50.0 (") and single_hop.endswith("[2]")
+    assert temporal == "+0.0 (+0.0 to +0.0) [1]"
     overall_row = next(r for r in rows if (r["system"], r["category"]) == ("hybrid", "overall"))
     assert float(overall_row["judge_accuracy_ci95_low"]) == pytest.approx(
         hybrid["overall"]["ci95"]["judge_accuracy"][0]

@@ -216,7 +216,8 @@ def test_paired_differences_compare_the_claimed_pairs_on_shared_questions():
             "f1": float(correct),
             "evidence_recall": None,
         }
-        return {"system": system, "question_id": question, "metrics": metrics}
+        category = "multi-hop" if question in ("q0", "q1") else "temporal"
+        return {"system": system, "question_id": question, "category": category, "metrics": metrics}
 
     runs = [
         {"label": "hybrid", "system": "hybrid", "k": 10, "mcs": None},
@@ -229,6 +230,10 @@ def test_paired_differences_compare_the_claimed_pairs_on_shared_questions():
     found = {(d["system"], d["baseline"], d["metric"]): d for d in paired_differences(records, runs)}
     assert found[("hybrid", "episodic-only", "judge_accuracy")]["n"] == 3
     assert found[("hybrid", "episodic-only", "judge_accuracy")]["difference"] == pytest.approx(1 / 3)
+    by_category = found[("hybrid", "episodic-only", "judge_accuracy")]["by_category"]
+    assert list(by_category) == ["multi-hop", "temporal"]  # the paper's column order
+    assert (by_category["multi-hop"]["n"], by_category["multi-hop"]["difference"]) == (2, 0.0)
+    assert (by_category["temporal"]["n"], by_category["temporal"]["difference"]) == (1, 1.0)
     assert found[("hybrid+consolidation@mcs5", "hybrid", "f1")]["difference"] == pytest.approx(-1 / 4)
     assert found[("hybrid+consolidation@mcs5", "hybrid", "f1_official")]["difference"] == pytest.approx(-1 / 8)
     assert not any(d["metric"] in ("judge_accuracy_audited", "evidence_recall") for d in found.values())
