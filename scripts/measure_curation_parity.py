@@ -16,7 +16,7 @@ is covered when the memories' source turns hold all of its evidence. Prints and 
 (``--out``) both recalls with Wilson intervals, their paired difference with the paired
 bootstrap, the rows per question, the CPU model and the load average.
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/measure_curation_parity.py \
+    PYTHONPATH=$PWD .venv/bin/python scripts/measure_curation_parity.py --sessions 29 --threads 2 \
         --out docs/results/curation_parity.json
 """
 
