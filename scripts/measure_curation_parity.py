@@ -39,7 +39,8 @@ from hybridmem_local.eval.locomo import LocomoQuestion  # noqa: E402
 from hybridmem_local.eval.metrics import evidence_recall, paired_difference, wilson_interval  # noqa: E402
 from hybridmem_local.llm.cpu_kernels import LIB_PATH_ENV, package_lib_dir  # noqa: E402
 
-STUDY_SHARDS = Path("docs/results/locomo-study/shards")
+REPO = Path(__file__).resolve().parents[1]
+STUDY_SHARDS = REPO / "docs/results/locomo-study/shards"
 CATEGORIES = (1, 2, 3, 4)
 
 
@@ -121,7 +122,7 @@ def main() -> None:
     parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
     parser.add_argument("--conversation", default="conv-42", help="a study shard with a memories checkpoint")
     parser.add_argument("--sessions", type=int, default=12, help="its first N sessions")
-    parser.add_argument("--config", type=Path, default=Path("configs/paper.yaml"), help="the study's config")
+    parser.add_argument("--config", type=Path, default=REPO / "configs/paper.yaml", help="the study's config")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
